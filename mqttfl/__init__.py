@@ -1,0 +1,1 @@
+"""mqttfl: federated learning for Wi-Fi CSI sensing over MQTT."""

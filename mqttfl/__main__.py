@@ -1,0 +1,3 @@
+from mqttfl.cli import main
+
+raise SystemExit(main())

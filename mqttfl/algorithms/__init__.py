@@ -1,0 +1,76 @@
+"""Registry of federated methods, keyed by the config's ``method`` name."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from mqttfl.algorithms.base import (
+    Algorithm,
+    ClientInfo,
+    ClientSide,
+    Context,
+    Downlinks,
+    ServerSide,
+    Upload,
+)
+from mqttfl.errors import ConfigError
+
+_REGISTRY: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+    if algorithm.name in _REGISTRY:
+        raise ValueError(f"method {algorithm.name!r} registered twice")
+    _REGISTRY[algorithm.name] = algorithm
+    return algorithm
+
+
+def algorithm_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_algorithm(name: str) -> Algorithm:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ConfigError("method", f"unknown method {name!r}; known: {', '.join(algorithm_names())}") from None
+
+
+def make_context(config: Any) -> Context:
+    """Build the shared :class:`Context` from a RunConfig, validating ``[method]``."""
+    from mqttfl.config import validate_method_params
+
+    algorithm = get_algorithm(config.method)
+    return Context(
+        num_classes=config.model.num_classes,
+        embed_dim=config.model.embed_dim,
+        rounds=config.rounds,
+        seed=config.seed,
+        params=validate_method_params(algorithm.params, config.method_params),
+    )
+
+
+def _register_modules(*modules: ModuleType) -> None:
+    for module in modules:
+        for algorithm in module.ALGORITHMS:
+            register(algorithm)
+
+
+from mqttfl.algorithms import fedapa, fedavg, local  # noqa: E402
+
+_register_modules(fedapa, fedavg, local)
+
+__all__ = [
+    "Algorithm",
+    "ClientInfo",
+    "ClientSide",
+    "Context",
+    "Downlinks",
+    "ServerSide",
+    "Upload",
+    "algorithm_names",
+    "get_algorithm",
+    "make_context",
+    "register",
+]

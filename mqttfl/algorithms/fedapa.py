@@ -1,0 +1,245 @@
+"""FedAPA: adaptive prototype aggregation (../shared/seeds/000_a5a72d69d197eb5b.txt).
+
+Clients share class prototypes only (Eq. 4) with their per-class sample counts. The
+server weighs peers' prototypes by cosine similarity (Eq. 5) through a softmax with
+temperature τ (Eq. 6) into one personalized prototype set Q_i per client (Eq. 7), pads
+the classes a client lacks with the mean over the clients that have them in both Q_i
+and P_i (Eq. 8), and returns Q_i to client i and the full padded set P to everyone
+(Algorithm 1). The client adds λ_t·(L_g + L_c) to its cross-entropy (Eq. 12), where
+L_g aligns embeddings with Q_i (Eq. 9), L_c with every client's P_j (Eq. 10), and λ_t
+follows the cosine warm-up of Eq. 11 (Algorithm 2).
+
+The two Table IV ablations reuse this module: ``fedapa-global-avg`` replaces Eqs. 5-7
+with one plain mean per class and drops L_c; ``fedapa-global-avg-client-protos`` keeps
+the plain mean and keeps L_c.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+from mqttfl.algorithms.base import (
+    Algorithm,
+    ClientInfo,
+    ClientSide,
+    Context,
+    Downlinks,
+    ServerSide,
+    Upload,
+)
+from mqttfl.training.loops import class_prototypes, embed_all
+from mqttfl.wire.schemas import ArrayField, PayloadSchema
+
+
+class FedAPAParams(BaseModel):
+    """Defaults are the paper's: τ=0.5, λ from 0 to 1 over T_warm=50 rounds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tau: float = Field(0.5, gt=0)
+    lambda_min: float = Field(0.0, ge=0)
+    lambda_max: float = Field(1.0, ge=0)
+    warmup_rounds: int = Field(50, ge=1)
+    aggregation: Literal["similarity", "mean"] = "similarity"
+    use_client_prototypes: bool = True
+
+
+def warmup_lambda(t: int, *, lambda_min: float, lambda_max: float, warmup_rounds: int) -> float:
+    """Eq. 11: λ_t = λ_min + (λ_max-λ_min)/2 · (1 - cos(π u_t)), u_t = min(t, T_warm)/T_warm."""
+    u = min(t, warmup_rounds) / warmup_rounds
+    return lambda_min + (lambda_max - lambda_min) / 2.0 * (1.0 - math.cos(math.pi * u))
+
+
+def _softmax_masked(logits: np.ndarray, mask: np.ndarray, axis: int) -> np.ndarray:
+    shifted = np.where(mask, logits, -np.inf)
+    peak = np.max(shifted, axis=axis, keepdims=True)
+    peak = np.where(np.isfinite(peak), peak, 0.0)
+    weights = np.where(mask, np.exp(shifted - peak), 0.0)
+    total = weights.sum(axis=axis, keepdims=True)
+    return np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
+
+
+def similarity_weights(prototypes: np.ndarray, mask: np.ndarray, tau: float) -> np.ndarray:
+    """Eqs. 5-6: α[c, i, j] = softmax_j over J_c(i) of cos(p_i^c, p_j^c)/τ.
+
+    ``prototypes`` is (N, C, d), ``mask`` (N, C) marks the classes each client has.
+    J_c(i) holds the clients j (i itself included) that share class c with i.
+    """
+    norms = np.linalg.norm(prototypes, axis=2, keepdims=True)
+    unit = prototypes / np.maximum(norms, 1e-12)
+    per_class = np.ascontiguousarray(unit.transpose(1, 0, 2))  # (C, N, d)
+    similarity = per_class @ per_class.transpose(0, 2, 1)  # (C, N, N), Eq. 5
+    eligible = mask.T[:, :, None] & mask.T[:, None, :]
+    return _softmax_masked(similarity / tau, eligible, axis=2)  # Eq. 6
+
+
+def aggregate_prototypes(
+    prototypes: np.ndarray, mask: np.ndarray, *, tau: float, similarity: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Algorithm 1, lines 5-11, vectorized over clients and classes.
+
+    Returns (Q (N, C, d), padded P (N, C, d), available (C,)). For a class c that client
+    i lacks, Eq. 8 sets p_i^c = q_i^c = the mean of p_j^c over the clients j that have c
+    (the equation's uniform 1/|J_c| mean). A class nobody has stays zero and unavailable.
+    """
+    prototypes = prototypes.astype(np.float32, copy=False)
+    counts = mask.sum(axis=0)  # (C,)
+    available = counts > 0
+    class_mean = np.einsum("nc,ncd->cd", mask.astype(np.float32), prototypes)
+    class_mean /= np.maximum(counts, 1)[:, None]
+    if similarity:
+        alpha = similarity_weights(prototypes, mask, tau).astype(np.float32)
+        # Eq. 7: q_i^c = Σ_j α_ij^c p_j^c
+        q = (alpha @ np.ascontiguousarray(prototypes.transpose(1, 0, 2))).transpose(1, 0, 2)
+    else:
+        q = np.broadcast_to(class_mean, prototypes.shape)
+    missing = ~mask[:, :, None]
+    q = np.where(missing, class_mean[None], q).astype(np.float32)
+    padded = np.where(missing, class_mean[None], prototypes).astype(np.float32)
+    return q, padded, available
+
+
+def prototype_contrast(embedding: Tensor, anchors: Tensor, y: Tensor, available: Tensor, tau: float) -> Tensor:
+    """Eqs. 9-10: E[-log softmax_ŷ(cos(r(h), a^ŷ)/τ)[y]] over the available classes.
+
+    ``anchors`` is (C, d) for L_g or (N, C, d) for L_c; for the latter the loss is the
+    mean over the N prototype sets (the 1/N Σ_j of Eq. 10).
+    """
+    keep = available[y]
+    if not bool(keep.any()):
+        return embedding.sum() * 0.0
+    z = F.normalize(embedding[keep], dim=1)
+    target = y[keep]
+    sets = anchors if anchors.dim() == 3 else anchors.unsqueeze(0)
+    unit = F.normalize(sets, dim=2)
+    logits = torch.einsum("bd,ncd->nbc", z, unit) / tau
+    logits = logits.masked_fill(~available.view(1, 1, -1), float("-inf"))
+    n = logits.shape[0]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[2]), target.repeat(n))
+
+
+def prototype_schema(ctx: Context) -> PayloadSchema:
+    """Per-class prototypes and per-class sample counts, nothing else."""
+    return PayloadSchema(
+        {
+            "classes": ArrayField("int64", ("k",), 0, ctx.num_classes - 1, unique=True),
+            "prototypes": ArrayField("float32", ("k", ctx.embed_dim)),
+            "counts": ArrayField("int64", ("k",), 1, None),
+        },
+        dims={"k": (1, ctx.num_classes)},
+    )
+
+
+def stack_uploads(uploads: list[Upload], num_classes: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    protos = np.zeros((len(uploads), num_classes, dim), np.float32)
+    mask = np.zeros((len(uploads), num_classes), bool)
+    for row, upload in enumerate(uploads):
+        classes = upload.body["classes"]
+        protos[row, classes] = upload.body["prototypes"]
+        mask[row, classes] = True
+    return protos, mask
+
+
+class FedAPAServer(ServerSide):
+    def round_params(self, t: int) -> dict[str, Any]:
+        p: FedAPAParams = self.ctx.params
+        lam = warmup_lambda(t, lambda_min=p.lambda_min, lambda_max=p.lambda_max,
+                            warmup_rounds=p.warmup_rounds)
+        return {"lambda": lam}
+
+    def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks:
+        p: FedAPAParams = self.ctx.params
+        protos, mask = stack_uploads(uploads, self.ctx.num_classes, self.ctx.embed_dim)
+        q, padded, available = aggregate_prototypes(
+            protos, mask, tau=p.tau, similarity=p.aggregation == "similarity"
+        )
+        broadcast: dict[str, Any] = {"available": available.astype(np.uint8)}
+        if p.use_client_prototypes:
+            broadcast["prototypes"] = padded
+        if p.aggregation == "mean":  # one global set: send it once, not per client
+            broadcast["global"] = q[0] if len(q) else q.reshape(0, self.ctx.embed_dim)
+            return Downlinks(broadcast=broadcast)
+        personal = {u.client_id: {"q": q[row]} for row, u in enumerate(uploads)}
+        return Downlinks(broadcast=broadcast, personal=personal)
+
+
+class FedAPAClient(ClientSide):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.q: Tensor | None = None  # (C, d) personalized Q_i
+        self.p: Tensor | None = None  # (N, C, d) padded P
+        self.available: Tensor | None = None  # (C,) bool
+
+    @classmethod
+    def upload_schema(cls, ctx: Context, info: ClientInfo) -> PayloadSchema:
+        return prototype_schema(ctx)
+
+    def loss(self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor) -> Tensor:
+        """Eq. 12: L = L_ce + λ_t (L_g(Q_i) + L_c(P))."""
+        loss = F.cross_entropy(logits, y)
+        lam = float(params.get("lambda", 0.0))
+        if lam <= 0.0 or self.q is None or self.available is None:
+            return loss
+        tau = self.ctx.params.tau
+        extra = prototype_contrast(embedding, self.q, y, self.available, tau)
+        if self.p is not None:
+            extra = extra + prototype_contrast(embedding, self.p, y, self.available, tau)
+        return loss + lam * extra
+
+    def make_upload(self, t: int) -> dict[str, Any]:
+        """Eq. 4 over the local training set with the freshly trained encoder."""
+        embeddings = embed_all(self.model, self.shard.x_train)
+        classes, protos, counts = class_prototypes(embeddings, self.shard.y_train)
+        return {"classes": classes, "prototypes": protos, "counts": counts}
+
+    def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+        if "available" not in broadcast:
+            return
+        self.available = torch.from_numpy(broadcast["available"].astype(bool))
+        self.p = torch.from_numpy(broadcast["prototypes"]) if "prototypes" in broadcast else None
+        if "global" in broadcast:
+            self.q = torch.from_numpy(broadcast["global"])
+        elif personal is not None and "q" in personal:
+            self.q = torch.from_numpy(personal["q"])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            name: value.numpy()
+            for name, value in (("q", self.q), ("p", self.p), ("available", self.available))
+            if value is not None
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in ("q", "p", "available"):
+            if name in state:
+                setattr(self, name, torch.from_numpy(np.asarray(state[name])))
+
+
+class GlobalAvgParams(FedAPAParams):
+    """Table IV, row 1: one global mean prototype per class, no L_c."""
+
+    aggregation: Literal["similarity", "mean"] = "mean"
+    use_client_prototypes: bool = False
+
+
+class GlobalAvgClientProtosParams(FedAPAParams):
+    """Table IV, row 2: one global mean prototype per class, with L_c."""
+
+    aggregation: Literal["similarity", "mean"] = "mean"
+
+
+ALGORITHMS = (
+    Algorithm("fedapa", FedAPAServer, FedAPAClient, FedAPAParams,
+              summary="similarity-weighted personalized prototypes (FedAPA)"),
+    Algorithm("fedapa-global-avg", FedAPAServer, FedAPAClient, GlobalAvgParams,
+              summary="FedAPA ablation: global mean prototypes, no L_c"),
+    Algorithm("fedapa-global-avg-client-protos", FedAPAServer, FedAPAClient,
+              GlobalAvgClientProtosParams,
+              summary="FedAPA ablation: global mean prototypes with L_c"),
+)

@@ -1,0 +1,176 @@
+"""The `mqttfl` command line. User errors print one line and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from mqttfl.config import RunConfig, load_config
+from mqttfl.errors import MqttflError
+from mqttfl.logs import configure_logging
+
+
+def _add_config_args(parser: argparse.ArgumentParser, *, positional: bool = False) -> None:
+    if positional:
+        parser.add_argument("config", help="run config (TOML)")
+    else:
+        parser.add_argument("--config", help="run config (TOML)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set federation.num_clients=4")
+    parser.add_argument("--broker", help="broker URL, e.g. mqtt://host:1883")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mqttfl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a whole local federation (broker, coordinator, clients)")
+    _add_config_args(run, positional=True)
+    run.add_argument("--out", type=Path, help="run directory (default runs/<run_id>-<time>)")
+    run.set_defaults(func=cmd_run)
+
+    coord = sub.add_parser("coordinator", help="run the coordinator against a broker")
+    _add_config_args(coord)
+    coord.add_argument("--out", type=Path, required=True, help="run directory (resumes if it has a checkpoint)")
+    coord.set_defaults(func=cmd_coordinator)
+
+    client = sub.add_parser("client", help="run one client device against a broker")
+    _add_config_args(client)
+    client.add_argument("--id", required=True, help="client id (picks the synthetic room)")
+    client.add_argument("--data", type=Path, help="a prepared shard directory (overrides [data])")
+    client.add_argument("--state-dir", type=Path, default=Path("client-state"),
+                        help="where the client keeps its model between restarts")
+    client.set_defaults(func=cmd_client)
+
+    models = sub.add_parser("models", help="list models with parameter counts and FLOPs")
+    models.add_argument("--num-classes", type=int, default=21)
+    models.add_argument("--input", default="64x64", help="input HxW, e.g. 1000x242")
+    models.add_argument("--embed-dim", type=int, default=256)
+    models.add_argument("--json", action="store_true")
+    models.set_defaults(func=cmd_models)
+
+    try:
+        from mqttfl.data.prepare import add_data_commands
+    except ImportError:  # pragma: no cover - optional until ingestion lands
+        pass
+    else:
+        add_data_commands(sub)
+    return parser
+
+
+def _log_file(name: str, out: Path | None) -> Path:
+    base = Path(os.environ.get("MQTTFL_LOG_DIR") or (out / "logs" if out else "logs"))
+    return base / f"{name}.jsonl"
+
+
+def _setup_logging(config: RunConfig, name: str, out: Path | None) -> None:
+    configure_logging(_log_file(name, out), level=config.logging.level,
+                      console_level=os.environ.get("MQTTFL_CONSOLE_LEVEL"))
+
+
+def _watch_parent() -> None:
+    """Exit if the `mqttfl run` that started us is gone, so nothing is orphaned."""
+    parent = os.environ.get("MQTTFL_PARENT_PID")
+    if not parent:
+        return
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != int(parent):
+                os._exit(3)
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _broker(args: argparse.Namespace) -> str:
+    from mqttfl.runtime.transport import BrokerAddress
+
+    if not args.broker:
+        raise MqttflError("--broker is required, e.g. --broker mqtt://127.0.0.1:1883")
+    return str(BrokerAddress.parse(args.broker))
+
+
+def _credentials(config: RunConfig):  # noqa: ANN202
+    from mqttfl.runtime.transport import Credentials
+
+    b = config.broker
+    return Credentials(b.username, b.password, b.tls_ca, b.tls_cert, b.tls_key)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from mqttfl.runtime.launcher import LocalFederation, default_out_dir, format_table
+
+    config = load_config(args.config, args.overrides)
+    from mqttfl.algorithms import make_context
+
+    make_context(config)  # fail on a bad [method] table before starting anything
+    out = args.out or default_out_dir(config)
+    configure_logging(out / "logs" / "launcher.jsonl", level=config.logging.level)
+    federation = LocalFederation(config, args.config, args.overrides, out, args.broker)
+    summary = federation.run()
+    sys.stdout.write(format_table(summary) + f"\nrun directory: {out}\n")
+    return 0
+
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    from mqttfl.runtime.coordinator import Coordinator
+    from mqttfl.runtime.transport import BrokerAddress
+
+    config = load_config(args.config, args.overrides)
+    _setup_logging(config, "coordinator", args.out)
+    _watch_parent()
+    coordinator = Coordinator(config, BrokerAddress.parse(_broker(args)), args.out, credentials=_credentials(config))
+    asyncio.run(coordinator.run())
+    return 0
+
+
+def cmd_client(args: argparse.Namespace) -> int:
+    from mqttfl.data.sources import load_client_shard
+    from mqttfl.runtime.client import ClientRunner
+    from mqttfl.runtime.transport import BrokerAddress
+
+    config = load_config(args.config, args.overrides)
+    _setup_logging(config, f"client-{args.id}", None)
+    _watch_parent()
+    shard = load_client_shard(config.data, args.id, seed=config.seed, num_classes=config.model.num_classes,
+                              num_clients=config.federation.num_clients, shard_dir=args.data)
+    runner = ClientRunner(config, args.id, BrokerAddress.parse(_broker(args)), shard,
+                          state_dir=args.state_dir, credentials=_credentials(config))
+    return asyncio.run(runner.run())
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from mqttfl.models.flops import describe_models
+
+    try:
+        height, width = (int(v) for v in args.input.lower().split("x"))
+    except ValueError:
+        raise MqttflError(f"--input must look like HxW, e.g. 1000x242, got {args.input!r}") from None
+    rows = describe_models(args.num_classes, (height, width), embed_dim=args.embed_dim)
+    if args.json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return 0
+    sys.stdout.write(f"{'model':<8} {'class':<16} {'parameters':>12} {'MFLOPs':>10}  input\n")
+    for row in rows:
+        sys.stdout.write(f"{row['name']:<8} {row['class']:<16} {row['parameters']:>12,} "
+                         f"{row['flops'] / 1e6:>10.2f}  {'x'.join(map(str, row['input_shape']))}\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except MqttflError as exc:
+        sys.stderr.write(f"mqttfl: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("mqttfl: interrupted\n")
+        return 130

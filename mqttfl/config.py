@@ -1,0 +1,248 @@
+"""Run configuration: TOML file, then ``MQTTFL_*`` environment, then ``--set`` overrides.
+
+Every table forbids unknown keys, and every validation failure is turned into a
+:class:`~mqttfl.errors.ConfigError` that names the dotted key (``federation.fraction``).
+The ``[method]`` table is free-form here; each algorithm validates it with its own model.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from mqttfl.errors import ConfigError
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FederationConfig(_Table):
+    num_clients: int = Field(6, ge=1, le=10_000)
+    fraction: float = Field(1.0, gt=0.0, le=1.0)
+    min_clients: int = Field(2, ge=1)
+    round_timeout_s: float = Field(120.0, gt=0)
+    join_timeout_s: float = Field(120.0, gt=0)
+    # How long to keep re-announcing a round that has fewer than min_clients uploads.
+    max_round_attempts: int = Field(5, ge=1)
+    # Uploads above this many bytes are rejected before decoding.
+    max_upload_bytes: int = Field(16_000_000, ge=1024)
+    # After the last round, how long to wait for the clients' final metrics.
+    final_metrics_timeout_s: float = Field(30.0, gt=0)
+
+
+class DataConfig(_Table):
+    source: Literal["synthetic", "shards", "espectre", "digits", "mnist"] = "synthetic"
+    # synthetic CSI: time steps per window and samples per client
+    window: int = Field(64, ge=1)
+    stride: int | None = Field(None, ge=1)
+    samples_per_client: int = Field(400, ge=10)
+    test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    # shards: a directory holding client-{id}/ shard directories
+    path: str = ""
+    # image partitions
+    partition: Literal["dirichlet", "pathological", "nway_kshot"] = "dirichlet"
+    partition_params: dict[str, float] = Field(default_factory=dict)
+
+
+class ModelConfig(_Table):
+    name: str = "large"
+    embed_dim: int = Field(256, ge=2)
+    num_classes: int = Field(21, ge=2)
+    # Model heterogeneity: architecture per client id, cycled (Table III, right half).
+    per_client: list[str] = Field(default_factory=list)
+
+    def arch_for(self, client_id: int) -> str:
+        if self.per_client:
+            return self.per_client[client_id % len(self.per_client)]
+        return self.name
+
+
+class TrainConfig(_Table):
+    """Local training; defaults are the FedAPA paper's Section VI-D."""
+
+    lr: float = Field(0.01, gt=0)
+    momentum: float = Field(0.5, ge=0, lt=1)
+    weight_decay: float = Field(1e-5, ge=0)
+    batch_size: int = Field(16, ge=1)
+    local_epochs: int = Field(1, ge=1)
+    torch_threads: int = Field(1, ge=1)
+
+
+class BrokerConfig(_Table):
+    username: str | None = None
+    password: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    keepalive_s: int = Field(15, ge=2)
+
+
+class LoggingConfig(_Table):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class RunConfig(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="MQTTFL_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    run_id: str = Field("mqttfl", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    method: str = "fedapa"
+    rounds: int = Field(30, ge=1)
+    seed: int = 0
+    federation: FederationConfig = FederationConfig()
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    method_params: dict[str, Any] = Field(default_factory=dict, alias="method_params")
+    broker: BrokerConfig = BrokerConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _check_min_clients(self) -> RunConfig:
+        if self.federation.min_clients > self.federation.num_clients:
+            raise ValueError("federation.min_clients must not exceed federation.num_clients")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Highest first: --set (init kwargs), then MQTTFL_* environment, then the file.
+        return (init_settings, env_settings, _FileSource(settings_cls))
+
+
+_FILE_TREE: ContextVar[dict[str, Any]] = ContextVar("_FILE_TREE", default={})
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """The parsed TOML file, as the lowest-priority settings source."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return _FILE_TREE.get().get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FILE_TREE.get())
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Parse ``a.b=VALUE``; the value is read as a TOML literal, else as a string."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(item, "an override must look like KEY=VALUE")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.split("."), value
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(".".join(path), f"'{part}' is not a table")
+        node = child
+    node[path[-1]] = value
+
+
+def _rename_method_table(tree: dict[str, Any]) -> dict[str, Any]:
+    # In TOML, `method` is both the method name and the [method] table of its
+    # hyper-parameters; a table value means the latter (its `name` key, if any,
+    # is the method name).
+    tree = dict(tree)
+    method = tree.get("method")
+    if isinstance(method, dict):
+        params = dict(method)
+        name = params.pop("name", None)
+        tree["method_params"] = {**tree.get("method_params", {}), **params}
+        if name is not None:
+            tree["method"] = name
+        else:
+            tree.pop("method")
+    return tree
+
+
+def _env_overrides(tree: dict[str, Any]) -> dict[str, Any]:
+    """Let ``MQTTFL_METHOD__TAU=0.7`` reach the [method] table."""
+    for name, raw in os.environ.items():
+        if name.startswith("MQTTFL_METHOD__"):
+            key = name[len("MQTTFL_METHOD__") :].lower()
+            _, value = parse_override(f"{key}={raw}")
+            tree.setdefault("method_params", {})[key] = value
+    return tree
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a run config; raise :class:`ConfigError` naming the bad key or file."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError("config", f"file not found: {file}")
+        try:
+            tree = tomllib.loads(file.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("config", f"{file} is not valid TOML: {exc}") from None
+    tree = _env_overrides(_rename_method_table(tree))
+    set_tree: dict[str, Any] = {}
+    for item in overrides or []:
+        keys, value = parse_override(item)
+        if keys[0] == "method" and len(keys) > 1:
+            keys = ["method_params", *keys[1:]]
+        _set_path(set_tree, keys, value)
+    token = _FILE_TREE.set(tree)
+    try:
+        return RunConfig(**set_tree)
+    except ValidationError as exc:
+        raise _config_error(exc) from None
+    finally:
+        _FILE_TREE.reset(token)
+
+
+def _config_error(exc: ValidationError) -> ConfigError:
+    first = exc.errors()[0]
+    loc = [str(part) for part in first["loc"]]
+    if loc and loc[0] == "method_params":
+        loc[0] = "method"
+    key = ".".join(loc) or "config"
+    if first["type"] == "extra_forbidden":
+        return ConfigError(key, "unknown key")
+    return ConfigError(key, first["msg"])
+
+
+def validate_method_params(model: type[BaseModel], params: dict[str, Any]) -> Any:
+    """Validate the [method] table with an algorithm's own parameter model."""
+    try:
+        return model(**params)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(["method", *(str(p) for p in first["loc"])])
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(key, "unknown key") from None
+        raise ConfigError(key, first["msg"]) from None
+
+
+def config_to_dict(config: RunConfig) -> dict[str, Any]:
+    return config.model_dump(mode="json")

@@ -1,0 +1,82 @@
+"""The coordinator's upload gate: every upload is accepted once or rejected with a reason.
+
+Checks run cheapest first: size (before decoding), round in the topic (stale/future),
+then the decoded envelope (type, run, round, sender against the topic's client id), the
+client's registration and selection, duplicates, and the method's payload schema.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from mqttfl.algorithms.base import Algorithm, ClientInfo, Context, Upload
+from mqttfl.errors import RejectedUpload, WireError
+from mqttfl.wire import PayloadSchema, decode
+
+
+@dataclass
+class UploadGate:
+    algorithm: Algorithm
+    ctx: Context
+    run_id: str
+    max_bytes: int
+    round: int = 0
+    open: bool = False
+    selected: frozenset[str] = frozenset()
+    accepted: dict[str, Upload] = field(default_factory=dict)
+    accepted_bytes: dict[str, int] = field(default_factory=dict)
+    rejections: Counter[str] = field(default_factory=Counter)
+    _schemas: dict[tuple[str, str, tuple[int, ...]], PayloadSchema] = field(default_factory=dict)
+
+    def open_round(self, t: int, selected: list[str], *, keep: bool) -> None:
+        """Open round t for ``selected``; ``keep`` retains uploads of an earlier attempt."""
+        if not keep or t != self.round:
+            self.accepted, self.accepted_bytes = {}, {}
+        self.round, self.open, self.selected = t, True, frozenset(selected) | set(self.accepted)
+
+    def close_round(self) -> list[Upload]:
+        self.open = False
+        return [self.accepted[c] for c in sorted(self.accepted)]
+
+    def schema_for(self, info: ClientInfo) -> PayloadSchema:
+        key = (info.client_id, info.arch, info.sample_shape)
+        if key not in self._schemas:
+            self._schemas[key] = self.algorithm.upload_schema(self.ctx, info)
+        return self._schemas[key]
+
+    def check(self, t: int, topic_client: str, raw: bytes, info: ClientInfo | None) -> Upload:
+        """Return the accepted Upload or raise RejectedUpload (and count it)."""
+        try:
+            upload = self._check(t, topic_client, raw, info)
+        except WireError as exc:
+            self.rejections[exc.reason] += 1
+            raise RejectedUpload(exc.reason, exc.detail) from None
+        self.accepted[topic_client] = upload
+        self.accepted_bytes[topic_client] = len(raw)
+        return upload
+
+    def _check(self, t: int, client: str, raw: bytes, info: ClientInfo | None) -> Upload:
+        if len(raw) > self.max_bytes:
+            raise WireError("oversize", f"{len(raw)} bytes exceeds the limit of {self.max_bytes}")
+        if t < self.round or (t == self.round and not self.open):
+            raise WireError("stale", f"upload for round {t} after it closed (now round {self.round})")
+        if t > self.round:
+            raise WireError("future", f"upload for round {t} while round {self.round} is open")
+        message = decode(raw)
+        if message.type != "upload":
+            raise WireError("type", f"message type {message.type!r} on an upload topic")
+        if message.run != self.run_id:
+            raise WireError("run", f"message for run {message.run!r}")
+        if message.round != t:
+            raise WireError("round_mismatch", f"message says round {message.round}, topic says {t}")
+        if message.sender != client:
+            raise WireError("sender", f"sender {message.sender!r} differs from topic client {client!r}")
+        if info is None:
+            raise WireError("unknown_client", f"client {client!r} never announced itself")
+        if client not in self.selected:
+            raise WireError("not_selected", f"client {client!r} is not selected in round {t}")
+        if client in self.accepted:
+            raise WireError("duplicate", f"client {client!r} already uploaded for round {t}")
+        self.schema_for(info).validate(message.body)
+        return Upload(client, info, message.body)

@@ -1,0 +1,173 @@
+"""A reconnecting MQTT connection around aiomqtt 2.x (which does not reconnect itself).
+
+The round logic sees three things: :meth:`Bus.publish`, the :attr:`Bus.incoming` queue
+and the :attr:`Bus.connected` event. On every (re)connect the bus re-subscribes and
+republishes its birth messages (a client's retained ``online`` status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import aiomqtt
+
+from mqttfl.errors import BrokerError
+from mqttfl.logs import get_logger
+
+Birth = Callable[[], list[tuple[str, bytes, bool]]]
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    host: str
+    port: int
+    tls: bool = False
+
+    @classmethod
+    def parse(cls, url: str) -> BrokerAddress:
+        """``mqtt://host:1883`` or ``mqtts://host:8883``."""
+        parsed = urlparse(url if "://" in url else f"mqtt://{url}")
+        if parsed.scheme not in ("mqtt", "mqtts") or not parsed.hostname:
+            raise BrokerError(f"broker URL must look like mqtt://host:port, got {url!r}")
+        tls = parsed.scheme == "mqtts"
+        return cls(parsed.hostname, parsed.port or (8883 if tls else 1883), tls)
+
+    def __str__(self) -> str:
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str | None = None
+    password: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+
+@dataclass
+class Incoming:
+    topic: str
+    payload: bytes
+    retain: bool
+
+
+class Bus:
+    def __init__(
+        self,
+        address: BrokerAddress,
+        *,
+        identifier: str,
+        subscriptions: list[str],
+        will: tuple[str, bytes] | None = None,
+        birth: Birth | None = None,
+        credentials: Credentials | None = None,
+        keepalive_s: int = 15,
+        min_backoff_s: float = 0.2,
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        self.address = address
+        self.identifier = identifier
+        self.subscriptions = subscriptions
+        self.will = will
+        self.birth = birth
+        self.credentials = credentials or Credentials()
+        self.keepalive_s = keepalive_s
+        self.min_backoff_s = min_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.incoming: asyncio.Queue[Incoming] = asyncio.Queue()
+        self.connected = asyncio.Event()
+        self.connections = 0
+        self._client: aiomqtt.Client | None = None
+        self._log = get_logger(component="bus", broker=str(address))
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        if not self.address.tls:
+            return None
+        context = ssl.create_default_context(cafile=self.credentials.tls_ca)
+        if self.credentials.tls_cert:
+            context.load_cert_chain(self.credentials.tls_cert, self.credentials.tls_key)
+        return context
+
+    def _make_client(self) -> aiomqtt.Client:
+        will = None
+        if self.will is not None:
+            will = aiomqtt.Will(self.will[0], self.will[1], qos=1, retain=True)
+        return aiomqtt.Client(
+            self.address.host,
+            self.address.port,
+            identifier=self.identifier,
+            username=self.credentials.username,
+            password=self.credentials.password,
+            will=will,
+            clean_session=True,
+            keepalive=self.keepalive_s,
+            timeout=30,
+            tls_context=self._tls_context(),
+            max_inflight_messages=100,
+        )
+
+    async def run(self) -> None:
+        """Hold the connection open forever, reconnecting with jittered backoff."""
+        delay = self.min_backoff_s
+        while True:
+            try:
+                async with self._make_client() as client:
+                    for topic in self.subscriptions:
+                        await client.subscribe(topic, qos=1)
+                    for topic, payload, retain in self.birth() if self.birth else []:
+                        await client.publish(topic, payload, qos=1, retain=retain)
+                    self._client = client
+                    self.connections += 1
+                    self.connected.set()
+                    self._log.info("broker.connected", connections=self.connections)
+                    delay = self.min_backoff_s
+                    async for message in client.messages:
+                        payload = message.payload
+                        if not isinstance(payload, bytes | bytearray):
+                            payload = b"" if payload is None else str(payload).encode()
+                        await self.incoming.put(Incoming(message.topic.value, bytes(payload), message.retain))
+            except aiomqtt.MqttError as exc:
+                was_connected = self.connected.is_set()
+                self.connected.clear()
+                self._client = None
+                event = "broker.disconnected" if was_connected else "broker.unreachable"
+                self._log.warning(event, error=str(exc), retry_in_s=round(delay, 2))
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, self.max_backoff_s)
+
+    async def publish(
+        self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False, timeout: float = 60.0
+    ) -> None:
+        """Publish, waiting through reconnects; raise BrokerError after ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise BrokerError(f"could not publish to {topic} within {timeout:.0f}s")
+            try:
+                await asyncio.wait_for(self.connected.wait(), timeout=remaining)
+            except TimeoutError:
+                continue
+            client = self._client
+            if client is None:
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                await client.publish(topic, payload, qos=qos, retain=retain, timeout=max(remaining, 1.0))
+                return
+            except aiomqtt.MqttError as exc:
+                self._log.warning("publish.retrying", topic=topic, error=str(exc))
+                await asyncio.sleep(0.2)
+
+    async def wait_connected(self, *, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self.connected.wait(), timeout=timeout)
+        except TimeoutError:
+            raise BrokerError(f"could not connect to {self.address} within {timeout:.0f}s") from None

@@ -1,0 +1,21 @@
+"""The wire: topics, the msgpack codec and payload schemas. Imports nothing of the runtime."""
+
+from mqttfl.wire.codec import SCHEMA_VERSION, Message, decode, encode
+from mqttfl.wire.schemas import EMPTY, ArrayField, FloatField, IntField, PayloadSchema
+from mqttfl.wire.topics import BROADCAST, TopicInfo, Topics, check_id
+
+__all__ = [
+    "BROADCAST",
+    "EMPTY",
+    "SCHEMA_VERSION",
+    "ArrayField",
+    "FloatField",
+    "IntField",
+    "Message",
+    "PayloadSchema",
+    "TopicInfo",
+    "Topics",
+    "check_id",
+    "decode",
+    "encode",
+]

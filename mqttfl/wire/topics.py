@@ -1,0 +1,114 @@
+"""MQTT topic layout of one run.
+
+The round number sits in every per-round topic, so a late upload is recognisably stale
+from its topic alone, before its payload is even decoded.
+
+    mqttfl/{run}/round/{t}/start             coordinator -> all: selection, deadline, params
+    mqttfl/{run}/round/{t}/down/{client}     personalized downlink
+    mqttfl/{run}/round/{t}/down/all          broadcast downlink (also marks the round closed)
+    mqttfl/{run}/round/{t}/up/{client}       upload
+    mqttfl/{run}/round/{t}/metrics/{client}  per-round metrics
+    mqttfl/{run}/status/{client}             retained online status, last will offline
+    mqttfl/{run}/state                       retained run state for late joiners
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from mqttfl.errors import WireError
+
+_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+BROADCAST = "all"
+
+
+def check_id(value: str, what: str = "client id") -> str:
+    """An id is safe inside a topic level: no '/', '+', '#', and not the broadcast name."""
+    if not _ID.match(value) or value == BROADCAST:
+        raise WireError("bad_id", f"{what} {value!r} must match {_ID.pattern} and not be 'all'")
+    return value
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    kind: str  # start | down | up | metrics | status | state
+    round: int | None
+    client: str | None  # None for start/state; "all" for the broadcast downlink
+
+
+@dataclass(frozen=True)
+class Topics:
+    run_id: str
+    prefix: str = "mqttfl"
+
+    def __post_init__(self) -> None:
+        check_id(self.run_id, "run id")
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}/{self.run_id}"
+
+    def start(self, t: int) -> str:
+        return f"{self.base}/round/{t}/start"
+
+    def down(self, t: int, client: str) -> str:
+        return f"{self.base}/round/{t}/down/{client}"
+
+    def down_all(self, t: int) -> str:
+        return f"{self.base}/round/{t}/down/{BROADCAST}"
+
+    def up(self, t: int, client: str) -> str:
+        return f"{self.base}/round/{t}/up/{client}"
+
+    def metrics(self, t: int, client: str) -> str:
+        return f"{self.base}/round/{t}/metrics/{client}"
+
+    def status(self, client: str) -> str:
+        return f"{self.base}/status/{client}"
+
+    @property
+    def state(self) -> str:
+        return f"{self.base}/state"
+
+    # Subscriptions
+    @property
+    def any_start(self) -> str:
+        return f"{self.base}/round/+/start"
+
+    @property
+    def any_up(self) -> str:
+        return f"{self.base}/round/+/up/+"
+
+    @property
+    def any_metrics(self) -> str:
+        return f"{self.base}/round/+/metrics/+"
+
+    @property
+    def any_status(self) -> str:
+        return f"{self.base}/status/+"
+
+    def any_down_for(self, client: str) -> str:
+        return f"{self.base}/round/+/down/{client}"
+
+    @property
+    def any_down_all(self) -> str:
+        return f"{self.base}/round/+/down/{BROADCAST}"
+
+    def parse(self, topic: str) -> TopicInfo:
+        """Split a topic of this run; raise WireError('topic') for anything else."""
+        prefix = self.base + "/"
+        if not topic.startswith(prefix):
+            raise WireError("topic", f"not a topic of run {self.run_id}: {topic}")
+        parts = topic[len(prefix) :].split("/")
+        if parts == ["state"]:
+            return TopicInfo("state", None, None)
+        if len(parts) == 2 and parts[0] == "status":
+            return TopicInfo("status", None, parts[1])
+        if len(parts) >= 3 and parts[0] == "round" and parts[1].isdigit():
+            t = int(parts[1])
+            if parts[2:] == ["start"]:
+                return TopicInfo("start", t, None)
+            if len(parts) == 4 and parts[2] in ("down", "up", "metrics"):
+                return TopicInfo(parts[2], t, parts[3])
+        raise WireError("topic", f"unknown topic: {topic}")
