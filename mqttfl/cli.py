@@ -70,8 +70,10 @@ def _log_file(name: str, out: Path | None) -> Path:
 
 
 def _setup_logging(config: RunConfig, name: str, out: Path | None) -> None:
-    configure_logging(_log_file(name, out), level=config.logging.level,
-                      console_level=os.environ.get("MQTTFL_CONSOLE_LEVEL"))
+    # The JSON file keeps everything (every accepted upload is accounted for there);
+    # the console shows the configured level, or what `mqttfl run` asks for.
+    configure_logging(_log_file(name, out), level="debug",
+                      console_level=os.environ.get("MQTTFL_CONSOLE_LEVEL") or config.logging.level)
 
 
 def _watch_parent() -> None:

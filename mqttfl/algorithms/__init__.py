@@ -47,8 +47,16 @@ def make_context(config: Any) -> Context:
         embed_dim=config.model.embed_dim,
         rounds=config.rounds,
         seed=config.seed,
-        params=validate_method_params(algorithm.params, config.method_params),
+        params=validate_method_params(algorithm.params, _own_params(algorithm, config.method_params)),
     )
+
+
+def _own_params(algorithm: Algorithm, params: dict[str, Any]) -> dict[str, Any]:
+    """Drop keys that belong to another registered method, so one config can be run with
+    ``--set method=fedavg``; a key no method knows still fails as unknown."""
+    own = set(algorithm.params.model_fields)
+    others = {key for alg in _REGISTRY.values() for key in alg.params.model_fields} - own
+    return {key: value for key, value in params.items() if key not in others}
 
 
 def _register_modules(*modules: ModuleType) -> None:

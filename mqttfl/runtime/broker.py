@@ -88,16 +88,18 @@ class LocalBroker:
                 log_path=self.log_path,
             )
         )
-        self.process = subprocess.Popen(
-            [mosquitto_binary(), "-c", str(self.conf_path)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        stderr_path = self.work_dir / "mosquitto.stderr"
+        with open(stderr_path, "wb") as stderr:
+            self.process = subprocess.Popen(
+                [mosquitto_binary(), "-c", str(self.conf_path)],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                err = stderr_path.read_text(errors="replace")
                 raise BrokerError(f"mosquitto exited at start ({self.process.returncode}): {err.strip()}")
             if _port_open(self.port):
                 return self

@@ -125,7 +125,7 @@ class Coordinator:
             self.log.warning(event, round=t, client=client, reason=exc.reason, detail=exc.detail,
                              bytes=len(payload))
             return
-        self.log.info("upload.accepted", round=t, client=client, bytes=len(payload))
+        self.log.debug("upload.accepted", round=t, client=client, bytes=len(payload))
         self.changed.set()
 
     def _on_metrics(self, t: int, client: str, payload: bytes) -> None:

@@ -1,0 +1,11 @@
+"""Device entry point: `python clients/run_client.py --config ... --id 3 --broker mqtt://host:1883`.
+
+The same as `mqttfl client ...`, for devices where the console script is not on PATH.
+"""
+
+import sys
+
+from mqttfl.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["client", *sys.argv[1:]]))

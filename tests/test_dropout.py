@@ -1,0 +1,77 @@
+"""A client killed with SIGKILL mid-run does not stall the federation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import FAST, spawn
+
+from mqttfl.runtime.broker import LocalBroker
+
+pytestmark = pytest.mark.slow
+CONFIG = "configs/fedapa-csi.toml"
+
+
+def _events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _wait_for(predicate, timeout: float) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("condition not reached in time")
+
+
+def test_sigkill_of_one_client_mid_run(broker: LocalBroker, tmp_path: Path) -> None:
+    out, logs = tmp_path / "run", tmp_path / "logs"
+    env = {"MQTTFL_LOG_DIR": str(logs)}
+    common = ["--config", CONFIG, "--broker", broker.url, "--set", "rounds=6", "--set", "federation.num_clients=3",
+              *sum((["--set", s] for s in FAST), [])]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        procs["coordinator"] = spawn("coordinator", *common, "--out", str(out), log=tmp_path / "c.out", env=env)
+        for cid in "012":
+            procs[cid] = spawn("client", *common, "--id", cid, "--state-dir", str(tmp_path / "state"),
+                               log=tmp_path / f"{cid}.out", env=env)
+        coordinator_log = logs / "coordinator.jsonl"
+
+        def closed_rounds() -> list[int]:
+            return [e["round"] for e in _events(coordinator_log) if e["event"] == "round.closed"]
+
+        _wait_for(lambda: 2 in closed_rounds(), 120)
+        os.killpg(procs["2"].pid, signal.SIGKILL)
+        killed_after = max(closed_rounds())
+        # a hostile upload for a round that does not exist yet: rejected, run goes on
+        subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker.port), "-q", "1",
+                        "-t", "mqttfl/fedapa-csi/round/99/up/0", "-m", "garbage"], check=True, timeout=10)
+
+        assert procs["coordinator"].wait(timeout=240) == 0, (tmp_path / "c.out").read_text()[-3000:]
+        for cid in "01":
+            assert procs[cid].wait(timeout=60) == 0
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    events = _events(coordinator_log)
+    offline = [e for e in events if e["event"] == "client.offline" and e["client"] == "2"]
+    assert offline and offline[0]["reason"] == "connection lost"  # the last will
+    assert any(e["event"] == "upload.rejected" and e["reason"] == "future" for e in events)
+    closed = {e["round"]: e for e in events if e["event"] == "round.closed"}
+    assert sorted(closed) == [1, 2, 3, 4, 5, 6]
+    for t in range(killed_after + 2, 7):  # rounds wholly after the kill: both survivors aggregated
+        assert closed[t]["uploads"] == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds_completed"] == 6
+    assert summary["rejections"] == {"future": 1}

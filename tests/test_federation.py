@@ -1,0 +1,88 @@
+"""`mqttfl run` end to end: real mosquitto, a real coordinator and client processes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from helpers import FAST, mqttfl
+
+pytestmark = pytest.mark.slow
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(cmdline)
+    return found
+
+
+@pytest.mark.parametrize("method", ["fedapa", "fedavg", "local"])
+def test_run_end_to_end(method: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = mqttfl("run", "configs/fedapa-csi.toml", "--out", str(out), "--set", f"method={method}",
+                    "--set", "rounds=3", "--set", "federation.num_clients=3", *sum((["--set", s] for s in FAST), []))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method"] == method
+    assert summary["rounds_completed"] == 3
+    assert set(summary["clients"]) == {"0", "1", "2"}
+    for row in summary["clients"].values():
+        assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["f1"] <= 1.0 and row["mae"] >= 0
+    assert set(summary["mean"]) == {"accuracy", "f1", "mae"}
+    comm = summary["comm"]
+    assert comm["up_bytes_per_client_round"] > 0 and comm["down_bytes_per_client_round"] > 0
+    if method == "fedavg":  # weights both ways: far bigger than prototypes
+        assert comm["up_bytes_per_client_round"] > 50_000
+    if method == "fedapa":  # 21 classes x 256 float32 at most per upload
+        assert comm["up_bytes_per_client_round"] < 21 * 256 * 4 + 1000
+    assert summary["rejections"] == {}
+
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {(r["round"], r["client_id"]) for r in records} == {(t, c) for t in (1, 2, 3) for c in "012"}
+
+    logs = out / "logs"
+    assert {p.name for p in logs.glob("*.jsonl")} >= {"coordinator.jsonl", "client-0.jsonl", "client-2.jsonl"}
+    events = [json.loads(line) for line in (logs / "coordinator.jsonl").read_text().splitlines()]
+    closed = [e for e in events if e["event"] == "round.closed"]
+    assert [e["round"] for e in closed] == [1, 2, 3]
+    assert all(e["run_id"] == "fedapa-csi" and e["client_id"] == "coordinator" for e in closed)
+    client_events = [json.loads(line) for line in (logs / "client-1.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "upload.sent" and e["round"] == 1 and e["client_id"] == "1" for e in client_events)
+
+    assert _processes_mentioning(str(out)) == []
+
+
+def test_bad_config_key_is_one_clear_line(tmp_path: Path) -> None:
+    result = mqttfl("run", "configs/fedapa-csi.toml", "--out", str(tmp_path / "x"), "--set", "federation.bogus=1")
+    assert result.returncode == 2
+    assert "federation.bogus" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_missing_config_file_names_the_path(tmp_path: Path) -> None:
+    result = mqttfl("run", str(tmp_path / "missing.toml"))
+    assert result.returncode == 2
+    assert "missing.toml" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_models_lists_paper_parameter_counts() -> None:
+    result = mqttfl("models", "--num-classes", "20", "--input", "1000x242", "--json")
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert rows["tiny"]["parameters"] == 7_956
+    assert rows["middle"]["parameters"] == 18_436
+    assert rows["large"]["parameters"] == 463_748
+    assert rows["large"]["flops"] > rows["middle"]["flops"] > 0
