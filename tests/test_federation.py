@@ -86,3 +86,27 @@ def test_models_lists_paper_parameter_counts() -> None:
     assert rows["middle"]["parameters"] == 18_436
     assert rows["large"]["parameters"] == 463_748
     assert rows["large"]["flops"] > rows["middle"]["flops"] > 0
+
+
+def test_ctrl_c_tears_everything_down(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mqttfl", "run", "configs/fedapa-csi.toml", "--out", str(out),
+         "--set", "rounds=50", "--set", "federation.num_clients=2", *sum((["--set", s] for s in FAST), [])],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1],
+    )
+    log = out / "logs" / "coordinator.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (log.exists() and "round.closed" in log.read_text()):
+        time.sleep(0.2)
+    assert len(_processes_mentioning(str(out))) >= 3  # coordinator, clients, broker
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in stderr.decode()
+    assert _processes_mentioning(str(out)) == []

@@ -54,9 +54,9 @@ _LIGHT = 299_792_458.0
 _TAP_NS = 1.0  # delay grid for people's paths; fine enough for 80 MHz (1/B = 12.5 ns)
 _CHUNK = 128  # samples simulated at once, bounds memory at ~100 MB for 242 subcarriers
 _MARGIN = 0.3  # people keep this far (m) from the walls
-SESSIONS_PER_COUNT = 3  # recording sessions (crowd layouts) per count and client
-_SHIFT_M = 0.004  # how far (std, m) a seated person's position varies between windows
-_ROAM_M = 1.0  # how far (std, m) a walker starts from their usual spot
+SESSIONS_PER_COUNT = 2  # recording sessions (crowd layouts) per count and client
+_SHIFT_M = 0.002  # how far (std, m) a seated person's position varies between windows
+_ROAM_M = 0.5  # how far (std, m) a walker starts from their usual spot
 _SWAY_M = 0.003  # amplitude (m) of each postural sway component
 
 
