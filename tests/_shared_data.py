@@ -24,5 +24,7 @@ def require_shared(*parts: str) -> Path:
     """``shared_data_dir()/parts``, or skip the calling test when it is missing."""
     path = shared_data_dir().joinpath(*parts)
     if not path.exists():
+        if os.environ.get("MQTTFL_REQUIRE_SHARED_DATA"):  # CI always has it: fail, don't skip
+            pytest.fail(f"real data not found at {path}, and MQTTFL_REQUIRE_SHARED_DATA is set")
         pytest.skip(f"real data not found at {path} (set MQTTFL_SHARED_DATA or provide ../shared/data)")
     return path

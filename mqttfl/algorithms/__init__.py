@@ -65,9 +65,19 @@ def _register_modules(*modules: ModuleType) -> None:
             register(algorithm)
 
 
-from mqttfl.algorithms import fedapa, fedavg, local  # noqa: E402
+from mqttfl.algorithms import (  # noqa: E402
+    fedali,
+    fedapa,
+    fedavg,
+    fedcaring,
+    fedpam,
+    fedproto,
+    fedsap,
+    local,
+    wifed,
+)
 
-_register_modules(fedapa, fedavg, local)
+_register_modules(fedapa, fedavg, local, fedproto, fedsap, fedali, fedpam, wifed, fedcaring)
 
 __all__ = [
     "Algorithm",

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from mqttfl.config import DataConfig
 from mqttfl.data.shard import Shard, load_shard
 from mqttfl.errors import ConfigError, DataError
+
+
+def shared_data_root(data: DataConfig) -> Path:
+    """``data.path``, else $MQTTFL_SHARED_DATA, else ../shared/data (beside the checkout)."""
+    return Path(data.path or os.environ.get("MQTTFL_SHARED_DATA") or "../shared/data")
 
 
 def client_index(client_id: str) -> int:
@@ -40,7 +46,7 @@ def load_client_shard(
     if data.source == "espectre":
         from mqttfl.data.espectre import espectre_shard
 
-        return espectre_shard(client_index(client_id), root=Path(data.path or "../shared/data") / "espectre",
+        return espectre_shard(client_index(client_id), root=shared_data_root(data) / "espectre",
                               window=data.window, stride=data.stride)
     from mqttfl.data.images import image_shard
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 from typing import Protocol
 
 from mqttfl.models.base import EmbeddingModel
+from mqttfl.models.cnn import ImageCNN
 from mqttfl.models.convnet4 import ConvNet4, LargeConvNet4, MiddleConvNet4, TinyConvNet4
 from mqttfl.models.mlp import FeatureMLP
+from mqttfl.models.transformer import TransformerEncoderNet
 
 
 class ModelFactory(Protocol):
@@ -35,10 +37,18 @@ def _large(*, num_classes: int, embed_dim: int, input_dim: int | None) -> Embedd
     return LargeConvNet4(num_classes=num_classes, embed_dim=embed_dim)
 
 
+def _cnn(*, num_classes: int, embed_dim: int, input_dim: int | None) -> EmbeddingModel:
+    return ImageCNN(num_classes=num_classes, embed_dim=embed_dim)
+
+
 def _mlp(*, num_classes: int, embed_dim: int, input_dim: int | None) -> EmbeddingModel:
     if input_dim is None:
         raise ValueError("model 'mlp' needs input_dim (the feature-vector length)")
     return FeatureMLP(input_dim=input_dim, num_classes=num_classes, embed_dim=embed_dim)
+
+
+def _transformer(*, num_classes: int, embed_dim: int, input_dim: int | None) -> EmbeddingModel:
+    return TransformerEncoderNet(num_classes=num_classes, embed_dim=embed_dim)
 
 
 #: name -> factory; the order is the order `mqttfl models` lists them in
@@ -47,6 +57,8 @@ MODEL_FACTORIES: dict[str, ModelFactory] = {
     "middle": _middle,
     "large": _large,
     "mlp": _mlp,
+    "cnn": _cnn,
+    "transformer": _transformer,
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(MODEL_FACTORIES)
@@ -74,9 +86,11 @@ __all__ = [
     "ConvNet4",
     "EmbeddingModel",
     "FeatureMLP",
+    "ImageCNN",
     "LargeConvNet4",
     "MiddleConvNet4",
     "ModelFactory",
     "TinyConvNet4",
+    "TransformerEncoderNet",
     "build_model",
 ]

@@ -1,0 +1,59 @@
+"""WiFederated (Hernandez & Bulut, IEEE IoT-J 2021), the FedAPA paper's "WiFed" baseline.
+
+The shared model is trained with FedAvg (sample-weighted, within architecture groups,
+the same upload as :mod:`mqttfl.algorithms.fedavg`). Before a client evaluates, it
+fine-tunes a copy of the new global model on its local training data for
+``finetune_epochs`` epochs and predicts with that copy; the next round's local training
+starts again from the global model, so fine-tuning never leaks into the average.
+"""
+
+from __future__ import annotations
+
+import copy
+import zlib
+from typing import Any
+
+import numpy as np
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from mqttfl.algorithms.base import Algorithm
+from mqttfl.algorithms.fedavg import FedAvgClient, FedAvgServer
+from mqttfl.models import EmbeddingModel
+from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
+
+
+class WiFedParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    finetune_epochs: int = Field(3, ge=0)
+
+
+class WiFedClient(FedAvgClient):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.personal: EmbeddingModel | None = None  # the fine-tuned copy used to predict
+
+    def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+        super().receive(t, broadcast, personal)
+        self.personal = self.finetune(t)
+
+    def finetune(self, t: int) -> EmbeddingModel:
+        """A copy of the (global) model after ``finetune_epochs`` local epochs of CE."""
+        tuned = copy.deepcopy(self.model)
+        epochs = self.ctx.params.finetune_epochs
+        if epochs:
+            key = int(self.info.client_id) if self.info.client_id.isdigit() else zlib.crc32(self.info.client_id.encode())
+            rng = np.random.default_rng([self.ctx.seed, t, key, 1])
+            train_epochs(tuned, make_optimizer(tuned, self.train_config), self.shard.x_train, self.shard.y_train,
+                         lambda logits, z, y: F.cross_entropy(logits, y), epochs=epochs,
+                         batch_size=self.train_config.batch_size, rng=rng)
+        return tuned
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return predict_logits(self.personal or self.model, x).argmax(axis=1)
+
+
+ALGORITHMS = (
+    Algorithm("wifed", FedAvgServer, WiFedClient, WiFedParams,
+              summary="FedAvg, then local fine-tuning before evaluation (WiFederated)"),
+)
