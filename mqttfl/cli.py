@@ -56,11 +56,26 @@ def build_parser() -> argparse.ArgumentParser:
     models.set_defaults(func=cmd_models)
 
     try:
-        from mqttfl.data.prepare import add_data_commands
+        from mqttfl.data.data_cli import add_data_commands
     except ImportError:  # pragma: no cover - optional until ingestion lands
         pass
     else:
         add_data_commands(sub)
+    try:
+        from mqttfl.compare import add_compare_command
+    except ImportError:  # pragma: no cover - optional until comparison lands
+        pass
+    else:
+        add_compare_command(sub)
+    try:
+        from mqttfl.report import add_report_command
+    except ImportError:  # pragma: no cover - optional until reports land
+        pass
+    else:
+        add_report_command(sub)
+    from mqttfl.runtime.security import add_broker_commands
+
+    add_broker_commands(sub)
     return parser
 
 
@@ -159,9 +174,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return 0
-    sys.stdout.write(f"{'model':<8} {'class':<16} {'parameters':>12} {'MFLOPs':>10}  input\n")
+    sys.stdout.write(f"{'model':<12} {'class':<18} {'parameters':>12} {'MFLOPs':>10}  input\n")
     for row in rows:
-        sys.stdout.write(f"{row['name']:<8} {row['class']:<16} {row['parameters']:>12,} "
+        sys.stdout.write(f"{row['name']:<12} {row['class']:<18} {row['parameters']:>12,} "
                          f"{row['flops'] / 1e6:>10.2f}  {'x'.join(map(str, row['input_shape']))}\n")
     return 0
 
@@ -173,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     except MqttflError as exc:
         sys.stderr.write(f"mqttfl: error: {exc}\n")
         return 2
+    except BrokenPipeError:  # output piped into `head` and closed early
+        return 0
     except KeyboardInterrupt:
         sys.stderr.write("mqttfl: interrupted\n")
         return 130

@@ -136,6 +136,10 @@ class ClientSide(ABC):
         """Class predictions of the personalized model (classifier head by default)."""
         return predict_logits(self.model, x).argmax(axis=1)
 
+    def extra_metrics(self, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+        """Further metrics published beside accuracy/F1/MAE (e.g. a second inference)."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

@@ -31,7 +31,13 @@ from scipy.cluster.vq import kmeans2
 
 from mqttfl.algorithms.base import Algorithm, ClientInfo, Context, Downlinks, ServerSide, Upload
 from mqttfl.algorithms.fedavg import FedAvgClient
-from mqttfl.algorithms.weights import average_by_group, flatten_weights, group_key, load_weights, weights_length
+from mqttfl.algorithms.weights import (
+    average_by_group,
+    flatten_weights,
+    group_key,
+    load_weights,
+    weights_length,
+)
 from mqttfl.errors import ConfigError
 from mqttfl.wire.schemas import ArrayField, IntField, PayloadSchema
 
@@ -136,7 +142,8 @@ class FedAliClient(FedAvgClient):
         return PayloadSchema(fields)
 
     def make_upload(self, t: int) -> dict[str, Any]:
-        body: dict[str, Any] = {"weights": flatten_weights(self.model), "num_samples": len(self.shard.y_train)}
+        body: dict[str, Any] = {"weights": flatten_weights(self.model),
+                                "num_samples": len(self.shard.y_train)}
         for index, layer in enumerate(self.layers):
             body[local_key(index)] = layer.local.numpy().copy()
         return body

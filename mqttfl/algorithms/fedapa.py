@@ -79,6 +79,29 @@ def similarity_weights(prototypes: np.ndarray, mask: np.ndarray, tau: float) -> 
     return _softmax_masked(similarity / tau, eligible, axis=2)  # Eq. 6
 
 
+def personalized_prototypes(prototypes: np.ndarray, mask: np.ndarray, tau: float) -> np.ndarray:
+    """Eqs. 5-7 for every client and class: q_i^c = Σ_j α_ij^c p_j^c, as (N, C, d).
+
+    The same α as :func:`similarity_weights`, without materializing it: with u the unit
+    prototypes, e_ij = exp((u_i·u_j - u_i·u_i)/τ) shifts each row by its own similarity,
+    which is the row's maximum (Cauchy-Schwarz), so this is the usual stable softmax; the
+    peers j outside J_c(i) are masked by zeroing their rows of the right-hand side, and the
+    normalizer Σ_j e_ij is one more column of the same product. Two batched matmuls of
+    (C, N, N) and no elementwise pass over α; rows of clients lacking c are left to Eq. 8.
+    """
+    per_class = np.ascontiguousarray(prototypes.transpose(1, 0, 2), dtype=np.float32)  # (C, N, d)
+    held = np.ascontiguousarray(mask.T, dtype=np.float32)[:, :, None]  # (C, N, 1)
+    norms = np.linalg.norm(per_class, axis=2, keepdims=True)
+    scaled = per_class / np.maximum(norms, 1e-12)
+    scaled *= np.float32(1.0 / math.sqrt(tau))
+    logits = scaled @ scaled.transpose(0, 2, 1)  # (C, N, N): cos(p_i, p_j)/τ, Eq. 5
+    logits -= np.einsum("cnd,cnd->cn", scaled, scaled)[:, :, None]
+    np.exp(logits, out=logits)
+    out = logits @ np.concatenate([per_class * held, held], axis=2)  # (C, N, d+1)
+    q = out[..., :-1] / np.maximum(out[..., -1:], np.finfo(np.float32).tiny)  # Eqs. 6-7
+    return q.transpose(1, 0, 2)
+
+
 def aggregate_prototypes(
     prototypes: np.ndarray, mask: np.ndarray, *, tau: float, similarity: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -94,9 +117,7 @@ def aggregate_prototypes(
     class_mean = np.einsum("nc,ncd->cd", mask.astype(np.float32), prototypes)
     class_mean /= np.maximum(counts, 1)[:, None]
     if similarity:
-        alpha = similarity_weights(prototypes, mask, tau).astype(np.float32)
-        # Eq. 7: q_i^c = Σ_j α_ij^c p_j^c
-        q = (alpha @ np.ascontiguousarray(prototypes.transpose(1, 0, 2))).transpose(1, 0, 2)
+        q = personalized_prototypes(prototypes, mask, tau)
     else:
         q = np.broadcast_to(class_mean, prototypes.shape)
     missing = ~mask[:, :, None]

@@ -45,7 +45,8 @@ class FedCaringServer(ServerSide):
         p: FedCaringParams = self.ctx.params
         groups: dict[str, dict[str, float]] = {}
         for upload in uploads:
-            groups.setdefault(group_key(upload.info), {})[upload.client_id] = float(upload.body["local_accuracy"])
+            performance = float(upload.body["local_accuracy"])
+            groups.setdefault(group_key(upload.info), {})[upload.client_id] = performance
         weights: dict[str, float] = {}
         for performance in groups.values():
             weights.update(caring_weights(performance, high=p.caring_high, low=p.caring_low,

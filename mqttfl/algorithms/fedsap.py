@@ -33,6 +33,7 @@ from torch import Tensor
 
 from mqttfl.algorithms.base import Algorithm
 from mqttfl.algorithms.prototypes import BankServer, Inference, PrototypeClient, prototype_mse
+from mqttfl.logs import get_logger
 from mqttfl.training.loops import batches, embed_all, train_epochs
 
 Schedule = Literal["linear", "cosine", "sigmoid", "step", "constant"]
@@ -215,7 +216,8 @@ class FedSAPClient(PrototypeClient):
         self.labelled_index = np.arange(n)
         self.pool: np.ndarray | None = None  # the unlabelled pool (labels dropped)
         if p.semi_supervised:
-            order = np.random.default_rng([self.ctx.seed, 7, _client_number(self.info.client_id)]).permutation(n)
+            rng = np.random.default_rng([self.ctx.seed, 7, _client_number(self.info.client_id)])
+            order = rng.permutation(n)
             size = min(n - 1, int(p.unlabelled_fraction * n))
             self.pool = self.shard.x_train[np.sort(order[:size])]
             self.labelled_index = np.sort(order[size:])
@@ -250,7 +252,9 @@ class FedSAPClient(PrototypeClient):
                                 batch_size=self.train_config.batch_size, rng=rng)
         if self.thresholds is None:  # the end of the supervised phase
             self.thresholds = self.calibrate()
-        return self._train_semi(float(params.get("lambda", 0.0)), rng)
+            get_logger().info("fedsap.thresholds_calibrated", round=t, margin=round(self.thresholds[0], 6),
+                              max_distance=round(self.thresholds[1], 6))
+        return self._train_semi(t, float(params.get("lambda", 0.0)), rng)
 
     def calibrate(self) -> tuple[float, float]:
         assert self.bank is not None and self.available is not None
@@ -259,7 +263,7 @@ class FedSAPClient(PrototypeClient):
         return calibrate_thresholds(z, torch.from_numpy(y), self.bank, self.available,
                                     self.ctx.params.threshold_quantile)
 
-    def _train_semi(self, lam: float, rng: np.random.Generator) -> float:
+    def _train_semi(self, t: int, lam: float, rng: np.random.Generator) -> float:
         """Eq. 13 over labelled batches, each paired with a batch from the pool."""
         assert self.pool is not None and self.bank is not None and self.available is not None
         assert self.thresholds is not None
@@ -269,7 +273,7 @@ class FedSAPClient(PrototypeClient):
         size = self.train_config.batch_size
         unlabelled = _cycle(len(self.pool), size, rng)
         self.model.train()
-        mean = 0.0
+        mean, seen, accepted = 0.0, 0, 0
         for _ in range(self.train_config.local_epochs):
             total, count = 0.0, 0
             for xb, yb in batches(x, y, size, rng):
@@ -282,14 +286,17 @@ class FedSAPClient(PrototypeClient):
                 loss = self.supervised_loss(lam, logits[:n], z[:n], yb)
                 labels, accept = pseudo_labels(z[n : n + m].detach(), self.bank, self.available,
                                                margin=margin, max_distance=d_max)
+                seen, accepted = seen + m, accepted + int(accept.sum())
                 if p.cons_lambda > 0 and bool(accept.any()):
-                    loss = loss + p.cons_lambda * consistency_loss(z[n + m :][accept], self.bank, labels[accept])
+                    strong = z[n + m :][accept]
+                    loss = loss + p.cons_lambda * consistency_loss(strong, self.bank, labels[accept])
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 self.optimizer.step()
                 total += float(loss.detach()) * n
                 count += n
             mean = total / max(count, 1)
+        get_logger().info("fedsap.pseudo_labels", round=t, seen=seen, accepted=accepted)
         return mean
 
     def make_upload(self, t: int) -> dict[str, Any]:

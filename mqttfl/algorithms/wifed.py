@@ -31,26 +31,33 @@ class WiFedParams(BaseModel):
 class WiFedClient(FedAvgClient):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.received_round = 0
         self.personal: EmbeddingModel | None = None  # the fine-tuned copy used to predict
+        self.personal_round = -1
 
     def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
         super().receive(t, broadcast, personal)
-        self.personal = self.finetune(t)
+        self.received_round = t  # fine-tuning waits for predict(), which runs off the event loop
 
     def finetune(self, t: int) -> EmbeddingModel:
         """A copy of the (global) model after ``finetune_epochs`` local epochs of CE."""
         tuned = copy.deepcopy(self.model)
         epochs = self.ctx.params.finetune_epochs
         if epochs:
-            key = int(self.info.client_id) if self.info.client_id.isdigit() else zlib.crc32(self.info.client_id.encode())
+            cid = self.info.client_id
+            key = int(cid) if cid.isdigit() else zlib.crc32(cid.encode())
             rng = np.random.default_rng([self.ctx.seed, t, key, 1])
-            train_epochs(tuned, make_optimizer(tuned, self.train_config), self.shard.x_train, self.shard.y_train,
-                         lambda logits, z, y: F.cross_entropy(logits, y), epochs=epochs,
-                         batch_size=self.train_config.batch_size, rng=rng)
+            train_epochs(tuned, make_optimizer(tuned, self.train_config), self.shard.x_train,
+                         self.shard.y_train, lambda logits, z, y: F.cross_entropy(logits, y),
+                         epochs=epochs, batch_size=self.train_config.batch_size, rng=rng)
         return tuned
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        return predict_logits(self.personal or self.model, x).argmax(axis=1)
+        """Predictions of the copy fine-tuned from the latest global model."""
+        if self.personal is None or self.personal_round != self.received_round:
+            self.personal = self.finetune(self.received_round)
+            self.personal_round = self.received_round
+        return predict_logits(self.personal, x).argmax(axis=1)
 
 
 ALGORITHMS = (

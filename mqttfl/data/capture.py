@@ -3,9 +3,10 @@
 The vendor formats are parsed with csiread (the field's parser; its C readers work
 under numpy 2).  csiread trusts the bytes it is given and can crash the whole
 process (segfault) or silently return garbage when a file is not what the caller
-claims, so every binary format is first walked record by record here and rejected
-with a :class:`~mqttfl.errors.DataError` naming the file when its structure does not
-match.  Nothing is printed: csiread's reports are switched off.
+claims, so every binary format is first walked record by record
+(:mod:`mqttfl.data.capture_checks`) and rejected with a
+:class:`~mqttfl.errors.DataError` naming the file when its structure does not match.
+Nothing is printed: csiread's reports are switched off.
 
 Formats (``fmt``) and what :func:`read_capture` returns, complex64 with packets first:
 
@@ -16,7 +17,7 @@ intel5300     Linux 802.11n CSI Tool (csiread.Intel)      (packets, 30, rx, tx)
 atheros       Atheros CSI Tool (csiread.Atheros)          (packets, tones, rx, tx)
 nexmon        nexmon_csi pcap (csiread.Nexmon)            (packets, nfft) 64/128/256
 esp32         ESP32-CSI-Tool CSV (csiread.ESP32 or the    (packets, values/2)
-              tolerant reader below)
+              tolerant reader in capture_esp32)
 npz           ``csi_data`` array (ESPectre: int8          (packets, 64) for ESP int8
               (packets, 128) interleaved I/Q)             else csi_data's own shape
 csv           rows of numbers (real-valued CSI)           (packets, columns)
@@ -45,15 +46,23 @@ from __future__ import annotations
 
 import csv
 import io
-import struct
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mqttfl.data.capture_checks import (
+    check_paths as check_paths,  # re-exported: inputs are checked before parsing
+    checked_csi,
+    not_format_error,
+    read_capture_bytes,
+    walk_atheros,
+    walk_intel5300,
+    walk_nexmon_pcap,
+)
+from mqttfl.data.capture_esp32 import esp_iq_to_complex, parse_esp32_csv_tolerant
 from mqttfl.errors import DataError
 
 FORMATS: tuple[str, ...] = ("intel5300", "atheros", "nexmon", "esp32", "npz", "csv")
@@ -62,15 +71,9 @@ NEXMON_BANDWIDTHS: tuple[int, ...] = (20, 40, 80)
 # Chips whose 64 CSI bins arrive centred (-32..31) rather than in FFT order.
 ESP_CENTRED_CHIPS: frozenset[str] = frozenset({"c5", "c6"})
 
-_INTEL_BFEE = 0xBB
-_NEXMON_PORT = 5500
-_NEXMON_HEADER = 14 + 20 + 8 + 18  # ethernet + IPv4 + UDP + nexmon_csi header
-_PCAP_MAGICS = {
-    b"\xd4\xc3\xb2\xa1": "<",
-    b"\xa1\xb2\xc3\xd4": ">",
-    b"\x4d\x3c\xb2\xa1": "<",
-    b"\xa1\xb2\x3c\x4d": ">",
-}
+# The former private names of the ESP32 helpers, still imported by tests/test_capture.py.
+_esp_iq = esp_iq_to_complex
+_parse_esp32_tolerant = parse_esp32_csv_tolerant
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,34 +116,6 @@ def fft_order_index(n: int) -> np.ndarray:
     return np.where(k < n // 2, k, k - n).astype(np.int64)
 
 
-def _read_bytes(path: Path) -> bytes:
-    if not path.exists():
-        raise DataError(path, "file not found")
-    if path.is_dir():
-        raise DataError(path, "is a directory, expected a capture file")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise DataError(path, f"unreadable: {exc.strerror or exc}") from None
-    if not data:
-        raise DataError(path, "file is empty")
-    return data
-
-
-def _not_format(path: Path, fmt: str, detail: str) -> DataError:
-    return DataError(path, f"not a valid {fmt} capture ({detail}); check --format")
-
-
-def _finish(path: Path, csi: np.ndarray, fmt: str) -> np.ndarray:
-    csi = np.asarray(csi)
-    if csi.ndim < 2 or csi.shape[0] == 0 or csi.shape[1] == 0:
-        raise DataError(path, f"no CSI packets found in this {fmt} file")
-    out = csi.astype(np.complex64, copy=False)
-    if not np.isfinite(out.view(np.float32)).all():
-        raise DataError(path, "CSI contains NaN or infinite values")
-    return np.ascontiguousarray(out)
-
-
 def _quietly(fn: Any, *args: Any, **kwargs: Any) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -161,49 +136,14 @@ INTEL5300_INDEX_40 = np.array(
 )  # fmt: skip
 
 
-def _walk_intel(path: Path, data: bytes) -> tuple[int, int, int]:
-    """Check the record structure; return (bfee records, max Nrx, max Ntx)."""
-    pos, n, size = 0, 0, len(data)
-    max_rx = max_tx = 0
-    while pos + 3 <= size:
-        field_len = int.from_bytes(data[pos : pos + 2], "big")
-        code = data[pos + 2]
-        end = pos + 2 + field_len
-        if field_len < 1:
-            raise _not_format(path, "intel5300", f"zero-length record at byte {pos}")
-        if end > size:
-            break  # a truncated last record, as when logging was interrupted
-        if code == _INTEL_BFEE:
-            body = data[pos + 3 : end]
-            if len(body) < 20:
-                raise _not_format(path, "intel5300", f"short CSI record at byte {pos}")
-            nrx, ntx = body[8], body[9]
-            csi_len = body[16] | (body[17] << 8)
-            expected = (30 * (nrx * ntx * 8 * 2 + 3) + 7) // 8
-            if not (1 <= nrx <= 3 and 1 <= ntx <= 3) or csi_len != expected:
-                raise _not_format(
-                    path, "intel5300", f"inconsistent CSI record at byte {pos}"
-                )
-            if len(body) < 20 + csi_len:
-                raise _not_format(path, "intel5300", f"short CSI record at byte {pos}")
-            n += 1
-            max_rx, max_tx = max(max_rx, nrx), max(max_tx, ntx)
-        elif code != 0xC1:
-            raise _not_format(path, "intel5300", f"unknown record code {code:#x} at byte {pos}")
-        pos = end
-    if n == 0:
-        raise _not_format(path, "intel5300", "no CSI records")
-    return n, max_rx, max_tx
-
-
 def _load_intel(path: Path) -> Capture:
     import csiread
 
-    data = _read_bytes(path)
-    _, _max_rx, max_tx = _walk_intel(path, data)
+    data = read_capture_bytes(path)
+    _, _max_rx, max_tx = walk_intel5300(path, data)
     reader = csiread.Intel(str(path), nrxnum=3, ntxnum=max(2, max_tx), if_report=False)
     _quietly(reader.read)
-    csi = _finish(path, reader.csi, "intel5300")
+    csi = checked_csi(path, reader.csi, "intel5300")
     ht40 = (np.asarray(reader.rate) & 0x800) != 0
     if ht40.any() and not ht40.all():
         raise DataError(path, "mixes 20 MHz and 40 MHz packets; split the capture first")
@@ -224,60 +164,23 @@ def _load_intel(path: Path) -> Capture:
 
 # ----------------------------------------------------------------------------- atheros
 
-_ATH_HEADER = 25
-
-
-def _walk_atheros(path: Path, data: bytes, endian: str) -> tuple[int, int, int, int] | None:
-    """Return (records with CSI, max nr, max nc, tones) or None if not this layout."""
-    pos, n, size = 0, 0, len(data)
-    max_nr = max_nc = 0
-    tones_seen: set[int] = set()
-    order = "little" if endian == "little" else "big"
-    while pos + 2 <= size:
-        field_len = int.from_bytes(data[pos : pos + 2], order)
-        end = pos + 2 + field_len
-        if end > size:
-            if n == 0:
-                return None
-            break  # truncated tail
-        if field_len < _ATH_HEADER:
-            return None
-        h = data[pos + 2 : pos + 2 + _ATH_HEADER]
-        csi_len = int.from_bytes(h[8:10], order)
-        tones, nr, nc = h[16], h[17], h[18]
-        payload_len = int.from_bytes(h[23:25], order)
-        if _ATH_HEADER + csi_len + payload_len != field_len:
-            return None
-        if csi_len:
-            if tones not in (56, 114) or not (1 <= nr <= 3 and 1 <= nc <= 3):
-                return None
-            if csi_len != (nr * nc * tones * 20 + 7) // 8:
-                return None
-            n += 1
-            max_nr, max_nc = max(max_nr, nr), max(max_nc, nc)
-            tones_seen.add(tones)
-        pos = end
-    if n == 0 or len(tones_seen) != 1:
-        return None
-    return n, max_nr, max_nc, tones_seen.pop()
-
 
 def _load_atheros(path: Path) -> Capture:
     import csiread
 
-    data = _read_bytes(path)
+    data = read_capture_bytes(path)
     for endian in ("little", "big"):
-        walked = _walk_atheros(path, data, endian)
+        walked = walk_atheros(path, data, endian)
         if walked is not None:
             break
     else:
-        raise _not_format(path, "atheros", "record lengths do not match the Atheros CSI Tool log")
+        raise not_format_error(path, "atheros", "record lengths do not match the Atheros CSI Tool log")
     n, max_nr, max_nc, tones = walked
     reader = csiread.Atheros(
         str(path), nrxnum=max(3, max_nr), ntxnum=max(2, max_nc), tones=tones, if_report=False
     )
     _quietly(reader.read, endian)
-    csi = _finish(path, reader.csi, "atheros")
+    csi = checked_csi(path, reader.csi, "atheros")
     if tones == 56:
         index = np.r_[np.arange(-28, 0), np.arange(1, 29)].astype(np.int64)
         phy, bw = "ht20", 20
@@ -292,40 +195,6 @@ def _load_atheros(path: Path) -> Capture:
 
 # ----------------------------------------------------------------------------- nexmon
 
-
-def _walk_pcap(path: Path, data: bytes, nfft: int) -> int:
-    """Check every packet is a nexmon_csi UDP packet large enough for ``nfft`` bins."""
-    if len(data) < 24:
-        raise _not_format(path, "nexmon", "shorter than a pcap header")
-    endian = _PCAP_MAGICS.get(data[:4])
-    if endian is None:
-        raise _not_format(path, "nexmon", "not a pcap file")
-    pos, n, size = 24, 0, len(data)
-    available: set[int] = set()
-    while pos + 16 <= size:
-        _, _, incl_len, _ = struct.unpack(endian + "IIII", data[pos : pos + 16])
-        start, end = pos + 16, pos + 16 + incl_len
-        if end > size:
-            break  # truncated tail
-        pkt = data[start:end]
-        if len(pkt) < _NEXMON_HEADER or int.from_bytes(pkt[36:38], "big") != _NEXMON_PORT:
-            raise _not_format(
-                path, "nexmon", f"packet {n + 1} is not a nexmon_csi UDP packet (port 5500)"
-            )
-        available.add((len(pkt) - _NEXMON_HEADER) // 4)
-        n += 1
-        pos = end
-    if n == 0:
-        raise DataError(path, "no CSI packets found in this nexmon file")
-    fits = {max((b for b in (64, 128, 256) if b <= a), default=0) for a in available}
-    if fits != {nfft}:
-        found = ", ".join(f"{b} bins" for b in sorted(fits))
-        raise DataError(
-            path,
-            f"packets carry {found} but the bandwidth given needs {nfft}; "
-            "check --nexmon-bw",
-        )
-    return n
 
 
 def _load_nexmon(path: Path, chip: str | None, bw: int | None) -> Capture:
@@ -343,14 +212,14 @@ def _load_nexmon(path: Path, chip: str | None, bw: int | None) -> Capture:
     if bw not in NEXMON_BANDWIDTHS:
         raise DataError(path, f"nexmon bandwidth must be one of {NEXMON_BANDWIDTHS} MHz")
     nfft = int(3.2 * bw)
-    data = _read_bytes(path)
-    _walk_pcap(path, data, nfft)
+    data = read_capture_bytes(path)
+    walk_nexmon_pcap(path, data, nfft)
     reader = csiread.Nexmon(str(path), chip=chip, bw=bw, if_report=False)
     try:
         _quietly(reader.read)
     except Exception as exc:  # csiread raises bare Exception for bad pcaps
-        raise _not_format(path, "nexmon", str(exc)) from None
-    csi = _finish(path, reader.csi, "nexmon")
+        raise not_format_error(path, "nexmon", str(exc)) from None
+    csi = checked_csi(path, reader.csi, "nexmon")
     phy = {20: "ht20", 40: "ht40", 80: "vht80"}[bw]
     return Capture(
         path=path, fmt="nexmon", csi=csi, subcarrier_index=fft_order_index(csi.shape[1]),
@@ -362,71 +231,15 @@ def _load_nexmon(path: Path, chip: str | None, bw: int | None) -> Capture:
 
 # ----------------------------------------------------------------------------- esp32 CSV
 
-_ESP32_COLUMNS = (
-    "type", "role", "mac", "rssi", "rate", "sig_mode", "mcs", "bandwidth", "smoothing",
-    "not_sounding", "aggregation", "stbc", "fec_coding", "sgi", "noise_floor", "ampdu_cnt",
-    "channel", "secondary_channel", "local_timestamp", "ant", "sig_len", "rx_state",
-    "real_time_set", "real_timestamp", "len", "CSI_DATA",
-)  # fmt: skip
-
-
-def _parse_esp32_tolerant(path: Path, text: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Parse ESP32-CSI-Tool lines, with or without a header row and in any role.
-
-    Lines that do not start with ``CSI_DATA`` (a header, serial-console chatter) are
-    skipped; a ``CSI_DATA`` line that cannot be parsed is an error naming its line.
-    Returns (raw int values (rows, 2*subcarriers), secondary_channel per row, macs).
-    """
-    rows: list[list[int]] = []
-    secondary: list[int] = []
-    macs: list[str] = []
-    sec_col = _ESP32_COLUMNS.index("secondary_channel")
-    width: int | None = None
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        line = line.strip()
-        if not line.startswith("CSI_DATA"):
-            continue
-        head, sep, tail = line.partition("[")
-        if not sep or "]" not in tail:
-            raise DataError(path, f"line {lineno}: CSI_DATA row without a [ ... ] CSI array")
-        fields = head.rstrip(",").split(",")
-        try:
-            values = [int(v) for v in tail[: tail.index("]")].split()]
-            sec = int(fields[sec_col]) if len(fields) > sec_col else 0
-        except ValueError:
-            raise DataError(path, f"line {lineno}: non-integer value in a CSI_DATA row") from None
-        if not values or len(values) % 2:
-            raise DataError(
-                path, f"line {lineno}: CSI array has {len(values)} values, expected an even count"
-            )
-        if width is None:
-            width = len(values)
-        elif len(values) != width:
-            raise DataError(
-                path, f"line {lineno}: CSI array has {len(values)} values, earlier rows {width}"
-            )
-        rows.append(values)
-        secondary.append(sec)
-        macs.append(fields[2] if len(fields) > 2 else "")
-    if not rows:
-        raise DataError(path, "no CSI_DATA rows found; is this an ESP32-CSI-Tool CSV?")
-    return np.asarray(rows, dtype=np.int64), np.asarray(secondary, dtype=np.int64), macs
-
-
-def _esp_iq(raw: np.ndarray) -> np.ndarray:
-    """Interleaved ESP int8 pairs (imaginary, real) -> complex."""
-    raw = raw.astype(np.float32)
-    return raw[:, 1::2] + 1j * raw[:, 0::2]
-
 
 def _load_esp32(path: Path) -> Capture:
     import csiread
 
-    data = _read_bytes(path)
+    data = read_capture_bytes(path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise _not_format(path, "esp32", "binary data, expected a CSV text file") from None
+        raise not_format_error(path, "esp32", "binary data, expected a CSV text file") from None
     parser = "csiread"
     try:
         reader = csiread.ESP32(str(path), if_report=False)
@@ -439,10 +252,10 @@ def _load_esp32(path: Path) -> Capture:
     except Exception:  # noqa: BLE001 - any csiread failure falls back to the tolerant reader
         # csiread expects every line to be a CSI_DATA row; a header row (the PASSIVE
         # sample) or console chatter makes numpy refuse the joined string.
-        raw, secondary, macs = _parse_esp32_tolerant(path, text)
-        csi = _esp_iq(raw)
+        raw, secondary, macs = parse_esp32_csv_tolerant(path, text)
+        csi = esp_iq_to_complex(raw)
         parser = "tolerant"
-    csi = _finish(path, csi, "esp32")
+    csi = checked_csi(path, csi, "esp32")
     n = csi.shape[1]
     centred = secondary != 0
     if centred.any():
@@ -466,7 +279,7 @@ def _load_esp32(path: Path) -> Capture:
 
 
 def _open_npz(path: Path) -> dict[str, np.ndarray]:
-    _read_bytes(path)  # existence / emptiness
+    read_capture_bytes(path)  # existence / emptiness
     try:
         with np.load(path, allow_pickle=False) as npz:
             if not hasattr(npz, "files"):
@@ -475,7 +288,7 @@ def _open_npz(path: Path) -> dict[str, np.ndarray]:
     except DataError:
         raise
     except Exception as exc:  # noqa: BLE001 - zipfile/pickle/format errors vary
-        raise _not_format(path, "npz", f"unreadable archive: {type(exc).__name__}") from None
+        raise not_format_error(path, "npz", f"unreadable archive: {type(exc).__name__}") from None
 
 
 def _scalar_str(arrays: dict[str, np.ndarray], key: str) -> str | None:
@@ -498,14 +311,14 @@ def _load_npz(path: Path) -> Capture:
         csi = raw
         kind = "complex"
     elif np.issubdtype(raw.dtype, np.integer) and raw.ndim == 2 and raw.shape[1] % 2 == 0:
-        csi = _esp_iq(raw)  # ESPectre / ESP-IDF: int8 interleaved I/Q
+        csi = esp_iq_to_complex(raw)  # ESPectre / ESP-IDF: int8 interleaved I/Q
         kind = "esp-iq"
     elif np.issubdtype(raw.dtype, np.number) and not np.issubdtype(raw.dtype, np.bool_):
         csi = raw.astype(np.float32)
         kind = "real"
     else:
         raise DataError(path, f"csi_data has unsupported dtype {raw.dtype}")
-    csi = _finish(path, csi, "npz")
+    csi = checked_csi(path, csi, "npz")
     index, phy, invalid = None, None, ()
     if kind == "esp-iq" and csi.shape[1] == 64:
         if chip in ESP_CENTRED_CHIPS:
@@ -520,11 +333,11 @@ def _load_npz(path: Path) -> Capture:
 
 
 def _read_numeric_csv(path: Path) -> np.ndarray:
-    data = _read_bytes(path)
+    data = read_capture_bytes(path)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise _not_format(path, "csv", "binary data, expected a CSV text file") from None
+        raise not_format_error(path, "csv", "binary data, expected a CSV text file") from None
     rows: list[list[float]] = []
     width: int | None = None
     for lineno, cells in enumerate(csv.reader(io.StringIO(text)), start=1):
@@ -552,7 +365,7 @@ def _read_numeric_csv(path: Path) -> np.ndarray:
 
 
 def _load_csv(path: Path) -> Capture:
-    csi = _finish(path, _read_numeric_csv(path), "csv")
+    csi = checked_csi(path, _read_numeric_csv(path), "csv")
     return Capture(path=path, fmt="csv", csi=csi, device="csv", info={"kind": "real"})
 
 
@@ -628,15 +441,4 @@ def read_features(path: str | Path, fmt: str) -> np.ndarray:
     out = out.astype(np.float32)
     if not np.isfinite(out).all():
         raise DataError(path, "contains NaN or infinite values")
-    return out
-
-
-def check_paths(paths: Sequence[str | Path]) -> list[Path]:
-    """Resolve input paths, failing on the first missing one."""
-    out = []
-    for p in paths:
-        path = Path(p)
-        if not path.is_file():
-            raise DataError(path, "file not found" if not path.exists() else "not a regular file")
-        out.append(path)
     return out

@@ -25,9 +25,7 @@ META_FILE = "meta.json"
 _ARRAY_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
-def _problem(
-    x_train: Any, y_train: Any, x_test: Any, y_test: Any, meta: Any
-) -> str | None:
+def _problem(x_train: Any, y_train: Any, x_test: Any, y_test: Any, meta: Any) -> str | None:
     """Describe the first inconsistency among the shard parts, or None if valid."""
     for name, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
         if not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray):

@@ -77,6 +77,8 @@ class ClientRunner:
         self.state_path = state_dir / f"client-{client_id}.pt"
         self.progress = Progress()
         self.pending: dict[int, PendingDownlink] = {}
+        # (round, deadline of the announcement it answered, payload, monotonic time sent)
+        self.last_upload: tuple[int, float, bytes, float] | None = None
         self.finished = asyncio.Event()
         self.log = get_logger(run_id=config.run_id, client_id=client_id)
         self._load_state()
@@ -128,6 +130,8 @@ class ClientRunner:
                 self.finished.set()
                 return
             if "selected" in message.body and self.client_id in message.body["selected"]:
+                if where.kind == "start" and self._should_resend(message, incoming.received):
+                    await self._resend(message)
                 await self._train_round(message)
         elif where.kind == "down" and where.round is not None:
             message = decode(incoming.payload)
@@ -140,6 +144,18 @@ class ClientRunner:
             else:
                 pending.personal = message.body
             await self._apply_ready()
+
+    def _should_resend(self, start: Message, received: float) -> bool:
+        """Round t announced anew (a restarted coordinator, a retry) without our upload,
+        which we had sent before this start arrived (so the two did not cross on the wire)."""
+        t = start.round
+        held = start.body.get("uploaded", [self.client_id])  # older coordinators do not say
+        if t != self.progress.trained_round or self.client_id in held:
+            return False
+        last = self.last_upload
+        if last is None or last[0] != t:
+            return True  # sent in an earlier life of this process
+        return last[1] != float(start.body["deadline"]) and last[3] < received
 
     async def _train_round(self, start: Message) -> None:
         t = start.round
@@ -156,12 +172,28 @@ class ClientRunner:
         self.schema.validate(body)  # refuse to publish anything the method does not permit
         payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
         await self.bus.publish(self.topics.up(t, self.client_id), payload)
+        self.last_upload = (t, float(start.body["deadline"]), payload, time.monotonic())
         self.progress.trained_round = t
         self.progress.bytes_up[t] = len(payload)
         self.last_loss = loss
         await asyncio.to_thread(self._save_state)
         log.info("upload.sent", bytes=len(payload), train_loss=round(loss, 4),
                  seconds=round(time.monotonic() - began, 3))
+
+    async def _resend(self, start: Message) -> None:
+        """Round t was announced again without our upload (the coordinator restarted, or
+        the upload was lost while the broker restarted): send the same upload again."""
+        t = start.round
+        if time.time() > float(start.body["deadline"]):
+            return
+        payload = self.last_upload[2] if self.last_upload and self.last_upload[0] == t else None
+        if payload is None:  # restarted since: the model on disk is the one trained for t
+            body = await asyncio.to_thread(self.method.make_upload, t)
+            self.schema.validate(body)
+            payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
+        await self.bus.publish(self.topics.up(t, self.client_id), payload)
+        self.last_upload = (t, float(start.body["deadline"]), payload, time.monotonic())
+        self.log.info("upload.resent", round=t, bytes=len(payload), attempt=start.body.get("attempt"))
 
     async def _apply_ready(self) -> None:
         for t in sorted(self.pending):
@@ -182,9 +214,10 @@ class ClientRunner:
         self.method.receive(t, broadcast, pending.personal)
         predicted = await asyncio.to_thread(self.method.predict, self.shard.x_test)
         report = classification_report(self.shard.y_test, predicted)
+        extra = await asyncio.to_thread(self.method.extra_metrics, self.shard.x_test, self.shard.y_test)
         self.progress.applied_round = t
         await asyncio.to_thread(self._save_state)
-        body = {**report, "num_test": int(len(self.shard.y_test)), "bytes_up": self.progress.bytes_up.pop(t, 0),
+        body = {**extra, **report, "num_test": int(len(self.shard.y_test)), "bytes_up": self.progress.bytes_up.pop(t, 0),
                 "bytes_down": pending.size, "selected": t == self.progress.trained_round,
                 "train_loss": float(getattr(self, "last_loss", 0.0))}
         await self.bus.publish(self.topics.metrics(t, self.client_id),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import Counter
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,9 @@ from mqttfl.runtime.gate import UploadGate
 from mqttfl.runtime.journal import Journal, mean_over_clients, summarize_clients
 from mqttfl.runtime.transport import Bus, BrokerAddress, Credentials, Incoming
 from mqttfl.wire import Message, Topics, encode
+
+
+RESUME_LISTEN_S = 5.0  # on resume, how long to wait for the statuses of known clients
 
 
 class RunAborted(MqttflError):
@@ -72,11 +76,14 @@ class Coordinator:
         self.clients: dict[str, ClientRecord] = {}
         self.changed = asyncio.Event()
         self.metrics_seen: dict[int, set[str]] = {}
+        self.records: list[dict[str, Any]] = []  # metrics.jsonl, kept in memory too
         self.down_bytes: dict[str, int] = {}
         self.comm = {"up_bytes": 0, "up_count": 0, "down_bytes": 0, "down_count": 0}
         self.retries = 0
         self.missing_uploads = 0
+        self.rejected_messages: Counter[str] = Counter()  # non-upload messages, by reason
         self.start_round = 1
+        self.resume: tuple[Downlinks | None, list[str]] | None = None
         self.log = get_logger(run_id=config.run_id, client_id="coordinator")
         self.bus = Bus(
             broker,
@@ -93,6 +100,7 @@ class Coordinator:
             try:
                 self._handle(message)
             except WireError as exc:
+                self.rejected_messages[exc.reason] += 1
                 self.log.warning("message.rejected", topic=message.topic, reason=exc.reason, detail=exc.detail)
 
     def _handle(self, message: Incoming) -> None:
@@ -109,6 +117,7 @@ class Coordinator:
         state, info, reason = messages.read_status(payload, client)
         record = self.clients.get(client)
         if state == "online" and info is not None:
+            self.gate.schema_for(info)  # an announcement the method cannot serve is rejected here
             self.clients[client] = ClientRecord(info)
             self.log.info("client.online", client=client, arch=info.arch, samples=info.num_samples)
         elif record is not None and record.online:
@@ -138,6 +147,7 @@ class Coordinator:
             k: v for k, v in message.body.items() if isinstance(v, int | float | str | bool)
         }}
         self.journal.append_metrics(record)
+        self.records.append(record)
         self.changed.set()
 
     # --- round loop ---------------------------------------------------------------
@@ -180,7 +190,8 @@ class Coordinator:
             params = self.server.round_params(t)
             await self._publish_state("open", t, selected=selected, deadline=deadline, params=params, attempt=attempt)
             await self.bus.publish(self.topics.start(t), messages.round_start(
-                self.config.run_id, t, selected=selected, deadline=deadline, params=params, attempt=attempt))
+                self.config.run_id, t, selected=selected, deadline=deadline, params=params, attempt=attempt,
+                uploaded=sorted(self.gate.accepted, key=_order)))
             log.info("round.started", selected=selected, attempt=attempt, deadline_s=self.fed.round_timeout_s)
             await self._wait(lambda: all(c in self.gate.accepted or not self.clients[c].online
                                          for c in selected), self.fed.round_timeout_s)
@@ -198,46 +209,49 @@ class Coordinator:
             self.missing_uploads += 1
             log.warning("upload.missing", client=client, online=self.clients[client].online)
         downlinks = self.server.aggregate(t, uploads)
-        await self._publish_downlinks(t, downlinks)
         for client, size in self.gate.accepted_bytes.items():
             self.comm["up_bytes"] += size
             self.comm["up_count"] += 1
-        self._save_checkpoint(t)
+        # Checkpoint before publishing: a crash from here on re-publishes, never re-aggregates.
+        self._save_checkpoint(t, downlinks)
+        await self._publish_downlinks(t, downlinks)
         await self._publish_state("closed", t)
         log.info("round.closed", uploads=len(uploads), missing=missing, seconds=round(time.monotonic() - started, 3),
                  **self._progress(t - 1))
 
-    async def _publish_downlinks(self, t: int, downlinks: Downlinks) -> None:
-        personal_sizes: dict[str, int] = {}
-        for client, body in downlinks.personal.items():
-            payload = encode(Message("downlink", self.config.run_id, t, messages.COORDINATOR, body))
-            personal_sizes[client] = len(payload)
-            await self.bus.publish(self.topics.down(t, client), payload)
+    async def _publish_downlinks(self, t: int, downlinks: Downlinks, *, count: bool = True) -> None:
+        personal = {client: encode(Message("downlink", self.config.run_id, t, messages.COORDINATOR, body))
+                    for client, body in downlinks.personal.items()}
+        personal_sizes = {client: len(payload) for client, payload in personal.items()}
         broadcast = encode(Message("downlink", self.config.run_id, t, messages.COORDINATOR,
                                    {**downlinks.broadcast, "_personal": sorted(downlinks.personal)}))
-        await self.bus.publish(self.topics.down_all(t), broadcast, retain=True)
+        # Pipelined: one broker round trip for all of them, not one per client.
+        await asyncio.gather(
+            *(self.bus.publish(self.topics.down(t, client), payload) for client, payload in personal.items()),
+            self.bus.publish(self.topics.down_all(t), broadcast, retain=True),
+        )
         if t > 1:  # only the newest broadcast stays retained, for late joiners
             await self.bus.publish(self.topics.down_all(t - 1), b"", retain=True)
-        for client in self._live():
+        for client in self._live() if count else []:
             self.comm["down_bytes"] += len(broadcast) + personal_sizes.get(client, 0)
             self.comm["down_count"] += 1
 
     def _progress(self, t: int) -> dict[str, Any]:
-        rows = [r for r in self.journal_tail() if r["round"] == t]
+        rows = [r for r in self.records[-4 * max(len(self.clients), 1):] if r["round"] == t]
         if not rows:
             return {}
         return {"evaluated_round": t, "mean_accuracy": round(float(np.mean([r["accuracy"] for r in rows])), 4),
                 "mean_mae": round(float(np.mean([r["mae"] for r in rows])), 3)}
 
-    def journal_tail(self) -> list[dict[str, Any]]:
-        return self.journal.read_metrics()[-4 * max(len(self.clients), 1):]
-
     # --- checkpoint -----------------------------------------------------------------
-    def _save_checkpoint(self, t: int) -> None:
+    def _save_checkpoint(self, t: int, downlinks: Downlinks) -> None:
         self.journal.save_checkpoint({
             "run_id": self.config.run_id, "method": self.config.method, "round": t,
             "server": self.server.state_dict(), "rejections": dict(self.gate.rejections),
             "comm": self.comm, "retries": self.retries, "missing_uploads": self.missing_uploads,
+            "rejected_messages": dict(self.rejected_messages),
+            "downlinks": {"broadcast": downlinks.broadcast, "personal": downlinks.personal},
+            "clients": sorted(self.clients, key=_order),
         })
 
     def _restore(self) -> None:
@@ -253,8 +267,22 @@ class Coordinator:
         self.comm.update(state["comm"])
         self.retries = int(state["retries"])
         self.missing_uploads = int(state["missing_uploads"])
+        self.rejected_messages.update(state.get("rejected_messages", {}))
         self.start_round = int(state["round"]) + 1
+        self.resume = (Downlinks(**state["downlinks"]) if "downlinks" in state else None, state.get("clients", []))
+        self.records = self.journal.read_metrics()
+        for record in self.records:
+            self.metrics_seen.setdefault(int(record["round"]), set()).add(str(record["client_id"]))
         self.log.info("run.resumed", from_round=self.start_round)
+
+    async def _resume(self, t: int, downlinks: Downlinks | None, known: list[str]) -> None:
+        """Hear every client known at the checkpoint again (their retained statuses), and
+        re-publish round t's downlinks in case the crash came before they all went out."""
+        heard = await self._wait(lambda: set(known) <= set(self.clients), RESUME_LISTEN_S)
+        self.log.info("clients.rejoined", live=len(self._live()), known=len(known), all_heard=heard)
+        if downlinks is not None:
+            await self._publish_downlinks(t, downlinks, count=False)  # clients ignore a copy
+            await self._publish_state("closed", t)
 
     # --- whole run ----------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
@@ -277,6 +305,8 @@ class Coordinator:
             await self._publish_state("waiting", 0)
             joined = await self._wait(lambda: len(self._live()) >= self.fed.num_clients, self.fed.join_timeout_s)
             self.log.info("clients.joined", live=len(self._live()), expected=self.fed.num_clients, all_joined=joined)
+        elif self.resume is not None:
+            await self._resume(self.start_round - 1, *self.resume)
         for t in range(self.start_round, self.config.rounds + 1):
             structlog.contextvars.bind_contextvars(round=t)
             await self._run_round(t)
@@ -290,7 +320,7 @@ class Coordinator:
         return summary
 
     def summary(self) -> dict[str, Any]:
-        table = summarize_clients(self.journal.read_metrics())
+        table = summarize_clients(self.records)
         up_n, down_n = max(self.comm["up_count"], 1), max(self.comm["down_count"], 1)
         return {
             "run_id": self.config.run_id,
@@ -305,6 +335,7 @@ class Coordinator:
                 "down_bytes_total": self.comm["down_bytes"],
             },
             "rejections": dict(self.gate.rejections),
+            "rejected_messages": dict(self.rejected_messages),
             "retries": self.retries,
             "missing_uploads": self.missing_uploads,
             "config": self.config.model_dump(mode="json"),

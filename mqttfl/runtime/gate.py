@@ -30,19 +30,27 @@ class UploadGate:
     _schemas: dict[tuple[str, str, tuple[int, ...]], PayloadSchema] = field(default_factory=dict)
 
     def open_round(self, t: int, selected: list[str], *, keep: bool) -> None:
-        """Open round t for ``selected``; ``keep`` retains uploads of an earlier attempt."""
+        """Open round t for ``selected``; ``keep`` (a retry of round t) retains the uploads
+        of earlier attempts and still takes them from clients selected in those attempts."""
+        earlier = self.selected if keep and t == self.round else frozenset()
         if not keep or t != self.round:
             self.accepted, self.accepted_bytes = {}, {}
-        self.round, self.open, self.selected = t, True, frozenset(selected) | set(self.accepted)
+        self.round, self.open, self.selected = t, True, frozenset(selected) | set(self.accepted) | earlier
 
     def close_round(self) -> list[Upload]:
         self.open = False
         return [self.accepted[c] for c in sorted(self.accepted)]
 
     def schema_for(self, info: ClientInfo) -> PayloadSchema:
+        """The method's upload schema for this client; WireError if its announcement
+        (an unknown model, an impossible sample shape) leaves the method nothing to accept."""
         key = (info.client_id, info.arch, info.sample_shape)
         if key not in self._schemas:
-            self._schemas[key] = self.algorithm.upload_schema(self.ctx, info)
+            try:
+                self._schemas[key] = self.algorithm.upload_schema(self.ctx, info)
+            except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+                detail = f"no upload schema for {info.arch!r} {info.sample_shape}: {exc}"
+                raise WireError("client_info", detail) from None
         return self._schemas[key]
 
     def check(self, t: int, topic_client: str, raw: bytes, info: ClientInfo | None) -> Upload:

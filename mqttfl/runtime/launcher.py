@@ -32,12 +32,13 @@ def default_out_dir(config: RunConfig) -> Path:
 
 class LocalFederation:
     def __init__(self, config: RunConfig, config_path: str | None, overrides: list[str], out_dir: Path,
-                 broker_url: str | None = None) -> None:
+                 broker_url: str | None = None, *, coordinator_console: str = "info") -> None:
         self.config = config
         self.config_path = config_path
         self.overrides = overrides
         self.out_dir = out_dir
         self.broker_url = broker_url
+        self.coordinator_console = coordinator_console
         self.broker: LocalBroker | None = None
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.log = get_logger(run_id=config.run_id, client_id="launcher")
@@ -66,7 +67,7 @@ class LocalFederation:
                 self.broker = LocalBroker(self.out_dir / "broker").start()
                 self.broker_url = self.broker.url
                 self.log.info("broker.started", url=self.broker_url)
-            self._spawn("coordinator", self._command("coordinator", "--out", str(self.out_dir)), "info")
+            self._spawn("coordinator", self._command("coordinator", "--out", str(self.out_dir)), self.coordinator_console)
             for index in range(self.config.federation.num_clients):
                 self.start_client(str(index))
             code = self._wait_coordinator()

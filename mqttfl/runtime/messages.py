@@ -10,6 +10,7 @@ from mqttfl.wire import Message, check_id, decode, encode
 from mqttfl.wire.schemas import require_keys
 
 CONTROL_LIMIT = 1_000_000  # control messages are small; anything bigger is hostile
+MAX_SAMPLE_DIMS, MAX_SAMPLE_SIDE = 4, 65_536  # bounds of an announced sample shape
 COORDINATOR = "coordinator"
 
 
@@ -45,6 +46,13 @@ def read_status(raw: bytes, topic_client: str) -> tuple[str, ClientInfo | None, 
     require_keys(body, {"arch": str, "classes": list, "num_samples": int, "sample_shape": list})
     if not all(isinstance(c, int) for c in body["classes"] + body["sample_shape"]):
         raise WireError("type", "classes and sample_shape must be integers")
+    # The coordinator builds the announced model to size its uploads: a sample shape of
+    # 10^9 features would make that a memory bomb.
+    shape = body["sample_shape"]
+    if not 1 <= len(shape) <= MAX_SAMPLE_DIMS or not all(1 <= n <= MAX_SAMPLE_SIDE for n in shape):
+        raise WireError("range", f"sample_shape {shape[:8]} needs 1-{MAX_SAMPLE_DIMS} sides of 1-{MAX_SAMPLE_SIDE}")
+    if not 0 <= body["num_samples"] <= 2**40 or not all(0 <= c < 2**16 for c in body["classes"]):
+        raise WireError("range", "num_samples or classes out of range")
     info = ClientInfo(
         client_id=message.sender,
         arch=body["arch"],
@@ -73,9 +81,14 @@ def round_state(
 
 
 def round_start(
-    run: str, t: int, *, selected: list[str], deadline: float, params: dict[str, Any], attempt: int
+    run: str, t: int, *, selected: list[str], deadline: float, params: dict[str, Any], attempt: int,
+    uploaded: list[str] | None = None,
 ) -> bytes:
-    body = {"selected": selected, "deadline": deadline, "params": params, "attempt": attempt}
+    """``uploaded`` lists the clients whose upload for round t the coordinator holds; a
+    selected client that already trained t but is not listed sends its upload again (its
+    first copy went to a coordinator that crashed, or was lost while the broker restarted)."""
+    body = {"selected": selected, "deadline": deadline, "params": params, "attempt": attempt,
+            "uploaded": uploaded or []}
     return encode(Message("start", run, t, COORDINATOR, body))
 
 
@@ -85,6 +98,8 @@ def read_control(raw: bytes, kind: str) -> Message:
         raise WireError("type", f"expected {kind}, got {message.type}")
     if kind in ("start",) or (kind == "state" and "selected" in message.body):
         require_keys(message.body, {"selected": list, "deadline": float | int, "params": dict})
+    if not isinstance(message.body.get("uploaded", []), list):
+        raise WireError("type", "control field 'uploaded' must be a list")
     if kind == "state":
         require_keys(message.body, {"status": str})
     return message

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import ssl
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import aiomqtt
@@ -20,6 +22,14 @@ from mqttfl.errors import BrokerError
 from mqttfl.logs import get_logger
 
 Birth = Callable[[], list[tuple[str, bytes, bool]]]
+
+
+def _no_delay(client: aiomqtt.Client) -> None:
+    """Turn Nagle's algorithm off (paho leaves it on): otherwise the tail of a message
+    written right after another waits for the broker's delayed ACK, 40 ms on Linux."""
+    sock = client._client.socket()  # aiomqtt has no public handle on its socket
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,7 @@ class Incoming:
     topic: str
     payload: bytes
     retain: bool
+    received: float = field(default_factory=time.monotonic)
 
 
 class Bus:
@@ -84,6 +95,7 @@ class Bus:
         self.connected = asyncio.Event()
         self.connections = 0
         self._client: aiomqtt.Client | None = None
+        self._lost = asyncio.Event()  # set when the current connection drops
         self._log = get_logger(component="bus", broker=str(address))
 
     def _tls_context(self) -> ssl.SSLContext | None:
@@ -98,7 +110,7 @@ class Bus:
         will = None
         if self.will is not None:
             will = aiomqtt.Will(self.will[0], self.will[1], qos=1, retain=True)
-        return aiomqtt.Client(
+        client = aiomqtt.Client(
             self.address.host,
             self.address.port,
             identifier=self.identifier,
@@ -111,6 +123,10 @@ class Bus:
             tls_context=self._tls_context(),
             max_inflight_messages=100,
         )
+        # The coordinator pipelines a round's downlinks (one publish per client at once);
+        # aiomqtt would log a warning for every publish beyond its default of 10 pending.
+        client.pending_calls_threshold = 100_000
+        return client
 
     async def run(self) -> None:
         """Hold the connection open forever, reconnecting with jittered backoff."""
@@ -118,11 +134,12 @@ class Bus:
         while True:
             try:
                 async with self._make_client() as client:
+                    _no_delay(client)
                     for topic in self.subscriptions:
                         await client.subscribe(topic, qos=1)
                     for topic, payload, retain in self.birth() if self.birth else []:
                         await client.publish(topic, payload, qos=1, retain=retain)
-                    self._client = client
+                    self._client, self._lost = client, asyncio.Event()
                     self.connections += 1
                     self.connected.set()
                     self._log.info("broker.connected", connections=self.connections)
@@ -136,6 +153,7 @@ class Bus:
                 was_connected = self.connected.is_set()
                 self.connected.clear()
                 self._client = None
+                self._lost.set()  # publishes awaiting a PUBACK on it go again on the next one
                 event = "broker.disconnected" if was_connected else "broker.unreachable"
                 self._log.warning(event, error=str(exc), retry_in_s=round(delay, 2))
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
@@ -155,16 +173,36 @@ class Bus:
                 await asyncio.wait_for(self.connected.wait(), timeout=remaining)
             except TimeoutError:
                 continue
-            client = self._client
+            client, lost = self._client, self._lost
             if client is None:
                 await asyncio.sleep(0.05)
                 continue
             try:
-                await client.publish(topic, payload, qos=qos, retain=retain, timeout=max(remaining, 1.0))
-                return
+                if await self._send(client, lost, topic, payload, qos=qos, retain=retain,
+                                    timeout=max(remaining, 1.0)):
+                    return
+                self._log.warning("publish.retrying", topic=topic, error="connection lost before the PUBACK")
             except aiomqtt.MqttError as exc:
                 self._log.warning("publish.retrying", topic=topic, error=str(exc))
                 await asyncio.sleep(0.2)
+
+    @staticmethod
+    async def _send(client: aiomqtt.Client, lost: asyncio.Event, topic: str, payload: bytes, *, qos: int,
+                    retain: bool, timeout: float) -> bool:
+        """One publish; False if the connection drops first (aiomqtt would wait out the
+        timeout for a PUBACK that can no longer come)."""
+        sending = asyncio.ensure_future(client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout))
+        dropped = asyncio.ensure_future(lost.wait())
+        try:
+            done, _ = await asyncio.wait({sending, dropped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            dropped.cancel()
+            if not sending.done():
+                sending.cancel()
+        if sending not in done:
+            return False
+        sending.result()
+        return True
 
     async def wait_connected(self, *, timeout: float) -> None:
         try:

@@ -1,0 +1,230 @@
+"""The real coordinator under a torch-free load: the harness of the fan-in and overhead benchmarks.
+
+One process (this one) runs :class:`mqttfl.runtime.coordinator.Coordinator` with FedAPA
+(C=21, d=256), logging to a JSON file at debug level exactly as ``mqttfl coordinator``
+does; a second process runs :mod:`benchmarks.loadpub` with N connections; a throwaway
+Mosquitto sits between them on 127.0.0.1. The coordinator is instrumented from outside
+(a subclass that only records ``time.monotonic()``; Linux's monotonic clock is shared by
+all processes, so the load process's marks compare directly):
+
+- ``accepted``: when each upload of a round has passed the upload gate (decode + checks),
+- ``aggregated``: around ``server.aggregate``; ``checkpoint_s``: the journal's checkpoint write,
+- ``downlinks_published``: when the last downlink of the round was acknowledged by the broker,
+- ``start_published``: when the next round's start message was acknowledged.
+
+``raw_fanin`` is the reference without mqttfl: one plain aiomqtt subscriber that only
+counts the uploads (no decoding, no validation), driven by the same load process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import REPO, WORK, log
+
+LOADPUB = [sys.executable, "-m", "benchmarks.loadpub"]
+
+
+def _start_load(broker_url: str, run: str, n: int, rounds: int, out: Path, *,
+                wait_finished: bool) -> subprocess.Popen[str]:
+    cmd = [*LOADPUB, "--broker", broker_url, "--run", run, "--clients", str(n), "--rounds", str(rounds),
+           "--out", str(out)]
+    if wait_finished:
+        cmd.append("--wait-finished")
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _wait_ready(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if line:
+            return json.loads(line)  # type: ignore[no-any-return]
+        if process.poll() is not None:
+            raise RuntimeError(f"load publisher exited: {process.stderr.read() if process.stderr else ''}")
+    raise RuntimeError("load publisher did not get ready")
+
+
+def _finish(process: subprocess.Popen[str], out: Path, timeout: float) -> dict[str, Any]:
+    try:
+        _, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, err = process.communicate()
+        raise RuntimeError(f"load publisher hung; stderr: {err[-2000:]}") from None
+    if process.returncode != 0 or not out.exists():
+        raise RuntimeError(f"load publisher failed ({process.returncode}): {err[-2000:]}")
+    return json.loads(out.read_text())  # type: ignore[no-any-return]
+
+
+def _make_timed_coordinator(config: Any, broker: Any, out_dir: Path) -> Any:
+    from mqttfl.runtime.coordinator import Coordinator
+
+    class TimedCoordinator(Coordinator):
+        def __init__(self) -> None:
+            super().__init__(config, broker, out_dir)
+            self.accepted_at: dict[int, list[float]] = defaultdict(list)
+            self.marks: dict[int, dict[str, float]] = defaultdict(dict)
+            aggregate = self.server.aggregate
+
+            def timed_aggregate(t: int, uploads: list[Any]) -> Any:
+                self.marks[t]["aggregate_begin"] = time.monotonic()
+                result = aggregate(t, uploads)
+                self.marks[t]["aggregate_end"] = time.monotonic()
+                return result
+
+            self.server.aggregate = timed_aggregate  # type: ignore[method-assign]
+            save = self.journal.save_checkpoint
+
+            def timed_save(state: dict[str, Any]) -> None:
+                began = time.monotonic()
+                save(state)
+                self.marks[int(state["round"])]["checkpoint_s"] = time.monotonic() - began
+
+            self.journal.save_checkpoint = timed_save  # type: ignore[method-assign]
+            publish = self.bus.publish
+
+            async def timed_publish(topic: str, payload: bytes, **kwargs: Any) -> None:
+                await publish(topic, payload, **kwargs)
+                if topic.endswith("/start"):
+                    self.marks[int(topic.split("/")[3])]["start_published"] = time.monotonic()
+
+            self.bus.publish = timed_publish  # type: ignore[method-assign]
+
+        def _on_upload(self, t: int, client: str, payload: bytes) -> None:
+            before = len(self.gate.accepted)
+            super()._on_upload(t, client, payload)
+            if len(self.gate.accepted) > before:
+                self.accepted_at[t].append(time.monotonic())
+
+        async def _publish_downlinks(self, t: int, downlinks: Any) -> None:
+            self.marks[t]["downlinks_begin"] = time.monotonic()
+            await super()._publish_downlinks(t, downlinks)
+            self.marks[t]["downlinks_published"] = time.monotonic()
+
+    return TimedCoordinator()
+
+
+@cache
+def coordinator_under_load(n: int, rounds: int) -> dict[str, Any]:
+    """Run ``rounds`` FedAPA rounds of the real coordinator against ``n`` load clients."""
+    from mqttfl.config import load_config
+    from mqttfl.logs import configure_logging
+    from mqttfl.runtime.broker import LocalBroker
+    from mqttfl.runtime.transport import BrokerAddress
+
+    work = WORK / f"load-{n}"
+    if work.exists():
+        import shutil
+
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    run_id = f"bench-load-{n}"
+    config = load_config(None, [
+        f"run_id={run_id}", "method=fedapa", f"rounds={rounds}", f"federation.num_clients={n}",
+        "federation.min_clients=1", "federation.round_timeout_s=300", "federation.join_timeout_s=300",
+        "federation.final_metrics_timeout_s=0.2", "model.num_classes=21", "model.embed_dim=256",
+    ])
+    # As `mqttfl coordinator` does: everything to the JSON file, warnings to the console.
+    configure_logging(work / "logs" / "coordinator.jsonl", level="debug", console_level="warning")
+    with LocalBroker(work / "broker") as broker:
+        load_out = work / "load.json"
+        process = _start_load(broker.url, run_id, n, rounds, load_out, wait_finished=True)
+        try:
+            ready = _wait_ready(process, timeout=300)
+            coordinator = _make_timed_coordinator(config, BrokerAddress.parse(broker.url), work / "run")
+            began = time.monotonic()
+            summary = asyncio.run(coordinator.run())
+            elapsed = time.monotonic() - began
+            load = _finish(process, load_out, timeout=120)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, 9)
+    rows = []
+    for record in load["rounds"]:
+        t = record["round"]
+        accepted = sorted(coordinator.accepted_at.get(t, []))
+        marks = coordinator.marks.get(t, {})
+        following = coordinator.marks.get(t + 1, {})
+        row: dict[str, Any] = {"round": t, "uploads_sent": record["uploads"], "uploads_accepted": len(accepted),
+                               "upload_bytes": record["bytes_each"]}
+        if accepted:
+            last = accepted[-1]
+            row["fanin_s"] = last - record["t_publish"]  # first upload handed to MQTT -> last validated
+            row["publish_acked_s"] = record["t_acked"] - record["t_publish"]
+            row["receive_spread_s"] = last - accepted[0]
+            if "downlinks_published" in marks:
+                row["overhead_downlinks_s"] = marks["downlinks_published"] - last
+                row["aggregate_s"] = marks["aggregate_end"] - marks["aggregate_begin"]
+                row["publish_downlinks_s"] = marks["downlinks_published"] - marks["downlinks_begin"]
+                if "checkpoint_s" in marks:
+                    row["checkpoint_s"] = marks["checkpoint_s"]
+            if "start_published" in following:
+                row["overhead_next_start_s"] = following["start_published"] - last
+            if record.get("t_last_personal") is not None:
+                row["personal_received"] = record["personal_received"]
+                row["last_upload_to_personal_downlinks_received_s"] = record["t_last_personal"] - last
+        rows.append(row)
+    log(f"coordinator under load: N={n}, {rounds} rounds in {elapsed:.1f} s, "
+        f"rejections {summary['rejections'] or 'none'}")
+    return {"n": n, "rounds": rows, "connect_seconds": ready["connect_seconds"], "elapsed_s": elapsed,
+            "rejections": summary["rejections"], "load_process_imported_torch": load["torch_imported"]}
+
+
+@cache
+def raw_fanin(n: int, rounds: int) -> dict[str, Any]:
+    """The same uploads into one plain aiomqtt subscriber that only counts them."""
+    import aiomqtt
+
+    from benchmarks.loadpub import encode
+    from mqttfl.runtime.broker import LocalBroker
+
+    work = WORK / f"raw-{n}"
+    work.mkdir(parents=True, exist_ok=True)
+    run_id = f"bench-raw-{n}"
+    base = f"mqttfl/{run_id}"
+    with LocalBroker(work / "broker") as broker:
+        load_out = work / "load.json"
+        process = _start_load(broker.url, run_id, n, rounds, load_out, wait_finished=False)
+        try:
+            _wait_ready(process, timeout=300)
+            last_seen: dict[int, float] = {}
+
+            async def drive() -> None:
+                async with aiomqtt.Client("127.0.0.1", broker.port, identifier=f"{run_id}-sink",
+                                          max_inflight_messages=100) as sink:
+                    await sink.subscribe(f"{base}/round/+/up/+", qos=1)
+                    counts: dict[int, int] = defaultdict(int)
+                    for t in range(1, rounds + 1):
+                        start = encode("start", run_id, t, "coordinator",
+                                       {"selected": [str(i) for i in range(n)], "deadline": time.time() + 60,
+                                        "params": {}, "attempt": 1})
+                        await sink.publish(f"{base}/round/{t}/start", start, qos=1)
+                        async with asyncio.timeout(120):
+                            async for message in sink.messages:
+                                r = int(message.topic.value.split("/")[3])
+                                counts[r] += 1
+                                if counts[r] == n:
+                                    last_seen[r] = time.monotonic()
+                                    break
+                        await asyncio.sleep(0.2)
+
+            asyncio.run(drive())
+            load = _finish(process, load_out, timeout=120)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, 9)
+    rows = [{"round": r["round"], "fanin_s": last_seen[r["round"]] - r["t_publish"],
+             "publish_acked_s": r["t_acked"] - r["t_publish"]} for r in load["rounds"] if r["round"] in last_seen]
+    return {"n": n, "rounds": rows}

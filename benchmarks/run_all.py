@@ -1,0 +1,100 @@
+"""Run the benchmarks, write benchmarks/results/<name>[-quick].json, print the goals.
+
+    python -m benchmarks.run_all [--quick] [--only NAME[,NAME...]]
+
+Names, in the order they run: codec, aggregation, fanin, coordinator, round, bytes,
+flower, accuracy. Only one federation runs at a time (they run one after another). A
+benchmark that fails is recorded as failed and the others still run; the exit code is 1
+if any failed. The goals table is also written to results/goals[-quick].json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+from benchmarks.common import REPO, RESULTS, log, now_utc, write_result
+
+BENCHMARKS = ("codec", "aggregation", "fanin", "coordinator", "round", "bytes", "flower", "accuracy")
+
+
+def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every goal of the issue with its figure, from the benchmarks that ran."""
+    rows: list[dict[str, Any]] = []
+
+    def add(goal: str, figure: str, met: bool | None) -> None:
+        rows.append({"goal": goal, "figure": figure, "met": met})
+
+    if (r := results.get("coordinator")) and "goal" in r:
+        g = r["goal"]
+        add("coordinator overhead <= 20 ms at N=100",
+            f"{g['figure_s'] * 1000:.1f} ms" if g["figure_s"] is not None else "n/a", g["met"])
+    if (r := results.get("aggregation")) and "goal" in r:
+        g = r["goal"]
+        add("FedAPA aggregation <= 200 ms at N=1000", f"{g['figure_s'] * 1000:.0f} ms", g["met"])
+    if (r := results.get("round")) and "goal" in r:
+        g = r["goal"]
+        add("round time / slowest training <= 1.10", f"{g['figure']:.3f}", g["met"])
+    if (r := results.get("bytes")) and "goal" in r:
+        g = r["goal"]
+        add("framing overhead <= 2%", f"{g['figure'] * 100:.2f}%" if g["figure"] is not None else "n/a", g["met"])
+    if (r := results.get("flower")) and "goal" in r:
+        g = r["goal"]
+        add("mqttfl no slower than Flower (wall ratio <= 1)",
+            f"{g['figure']:.3f} (bytes ratio {r['bytes_ratio']:.3f})", g["met"])
+    elif r and "skipped" in r:
+        add("mqttfl no slower than Flower", r["skipped"], None)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="run the mqttfl benchmarks")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke check of every benchmark")
+    parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
+    args = parser.parse_args()
+    os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
+    names = [n.strip() for n in args.only.split(",")] if args.only else list(BENCHMARKS)
+    unknown = sorted(set(names) - set(BENCHMARKS))
+    if unknown:
+        parser.error(f"unknown benchmark(s) {unknown}; known: {', '.join(BENCHMARKS)}")
+    command = "python -m benchmarks.run_all" + (" --quick" if args.quick else "") + (
+        f" --only {args.only}" if args.only else "")
+    results: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
+    began = time.monotonic()
+    for name in [n for n in BENCHMARKS if n in names]:
+        log(f"=== {name} ===")
+        started = time.monotonic()
+        try:
+            module = importlib.import_module(f"benchmarks.bench_{name}")
+            data = module.run(args.quick)
+        except Exception:  # noqa: BLE001 - record it and go on with the others
+            failed[name] = traceback.format_exc()
+            log(f"{name} failed:\n{failed[name]}")
+            continue
+        data["seconds"] = time.monotonic() - started
+        results[name] = data
+        path = write_result(name, data, quick=args.quick, command=command)
+        log(f"{name}: {data['seconds']:.0f} s -> {path}")
+    table = goals(results)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"goals{'-quick' if args.quick else ''}.json").write_text(json.dumps(
+        {"date": now_utc(), "command": command, "seconds": time.monotonic() - began, "goals": table,
+         "failed": sorted(failed)}, indent=2) + "\n")
+    sys.stdout.write("\n| goal | figure | met |\n|---|---|---|\n")
+    for row in table:
+        met = {True: "yes", False: "no", None: "skipped"}[row["met"]]
+        sys.stdout.write(f"| {row['goal']} | {row['figure']} | {met} |\n")
+    if failed:
+        sys.stdout.write(f"\nfailed: {', '.join(sorted(failed))}\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

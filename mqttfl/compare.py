@@ -1,0 +1,237 @@
+"""`mqttfl compare`: several methods on the same federation and seeds, one run after another.
+
+Every (setting, method, seed) is a full local federation (:class:`LocalFederation`:
+broker, coordinator, one process per client) in its own run directory. The two settings
+are FedAPA Table III's halves: ``data`` (statistical heterogeneity only, the config's
+model for every client) and ``model`` (clients cycle through tiny, middle and large).
+A method that needs a particular model (``REQUIRED_MODEL``) runs with it in both
+settings, and the tables say so. Results: ``compare.md`` and ``compare.json`` (accuracy,
+macro-F1, MAE and KB per client-round as mean ± std over seeds; each run's metrics are
+its summary's means over the last five rounds) and ``convergence.png`` (mean client
+accuracy per round, averaged over seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mqttfl.algorithms import algorithm_names, get_algorithm, make_context
+from mqttfl.config import load_config
+from mqttfl.errors import MqttflError
+from mqttfl.logs import configure_logging, get_logger
+
+SETTINGS: dict[str, tuple[str, list[str]]] = {
+    "data": ("Statistical Data", []),
+    "model": ("Model Architecture", ['model.per_client=["tiny", "middle", "large"]']),
+}
+#: methods that only run on one architecture; they use it in every setting
+REQUIRED_MODEL: dict[str, str] = {"fedali": "transformer"}
+METRICS = ("accuracy", "f1", "mae", "kb")
+
+
+@dataclass
+class RunResult:
+    setting: str
+    method: str
+    seed: int
+    out: Path
+    metrics: dict[str, float] = field(default_factory=dict)
+    curve: dict[int, float] = field(default_factory=dict)  # round -> mean client accuracy
+    error: str | None = None
+
+
+def run_overrides(base: list[str], setting: str, method: str, seed: int) -> list[str]:
+    """The --set list of one run: the user's, then the setting's, method and seed."""
+    overrides = [*base, *SETTINGS[setting][1], f"method={method}", f"seed={seed}"]
+    if method in REQUIRED_MODEL:
+        overrides += [f"model.name={REQUIRED_MODEL[method]}", "model.per_client=[]"]
+    return overrides
+
+
+def read_curve(metrics_path: Path) -> dict[int, float]:
+    """Mean accuracy over the clients that reported each round (metrics.jsonl)."""
+    by_round: dict[int, list[float]] = {}
+    if metrics_path.exists():
+        for line in metrics_path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                by_round.setdefault(int(record["round"]), []).append(float(record["accuracy"]))
+    return {t: float(np.mean(values)) for t, values in sorted(by_round.items())}
+
+
+def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    comm = summary["comm"]
+    kb = (comm["up_bytes_per_client_round"] + comm["down_bytes_per_client_round"]) / 1000
+    return {**{k: float(summary["mean"][k]) for k in ("accuracy", "f1", "mae")}, "kb": float(kb)}
+
+
+def run_one(config_path: str, overrides: list[str], result: RunResult) -> RunResult:
+    from mqttfl.runtime.launcher import LocalFederation
+
+    config = load_config(config_path, overrides)
+    try:
+        summary = LocalFederation(config, config_path, overrides, result.out,
+                                  coordinator_console="warning").run()
+    except MqttflError as exc:
+        result.error = str(exc)
+        return result
+    result.metrics = summary_metrics(summary)
+    result.curve = read_curve(result.out / "metrics.jsonl")
+    return result
+
+
+def _mean_std(values: list[float]) -> dict[str, float]:
+    array = np.asarray(values, dtype=np.float64)
+    return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0}
+
+
+def aggregate(results: list[RunResult], methods: list[str], settings: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for method in methods:
+        for setting in settings:
+            done = [r for r in results if r.method == method and r.setting == setting and r.error is None]
+            row: dict[str, Any] = {"method": method, "setting": setting, "runs": len(done),
+                                   "model": REQUIRED_MODEL.get(method),
+                                   "seeds": [r.seed for r in done],
+                                   "failed_seeds": [r.seed for r in results if r.method == method
+                                                    and r.setting == setting and r.error is not None]}
+            if done:
+                row.update({k: _mean_std([r.metrics[k] for r in done]) for k in METRICS})
+            rows.append(row)
+    return rows
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    if key not in row:
+        return "failed"
+    scale, digits = (100.0, 2) if key in ("accuracy", "f1") else (1.0, 3 if key == "mae" else 1)
+    mean, std = row[key]["mean"] * scale, row[key]["std"] * scale
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def markdown_table(
+    rows: list[dict[str, Any]], methods: list[str], settings: list[str], seeds: list[int]
+) -> str:
+    """Table III's layout: one row per method, Acc./F1/MAE (and KB) per setting."""
+    by_key = {(r["method"], r["setting"]): r for r in rows}
+    columns = ("Acc. (%)", "F1 (%)", "MAE", "KB")
+    head = ["Method"] + [f"{SETTINGS[s][0]}: {c}" for s in settings for c in columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    notes = []
+    for method in methods:
+        cells = [method + (" *" if method in REQUIRED_MODEL else "")]
+        for setting in settings:
+            cells += [_cell(by_key[(method, setting)], k) for k in METRICS]
+        lines.append("| " + " | ".join(cells) + " |")
+        if method in REQUIRED_MODEL:
+            notes.append(f"\\* {method} needs model `{REQUIRED_MODEL[method]}` "
+                         "and runs with it in every setting.")
+    intro = (f"Mean ± std over seeds {', '.join(map(str, seeds))}; each run's metrics are the mean over "
+             "clients of their last five rounds. KB: uploaded plus downloaded per client-round.\n")
+    return "\n".join([intro, *lines, "", *notes]) + "\n"
+
+
+def plot_convergence(results: list[RunResult], methods: list[str], settings: list[str], path: Path) -> None:
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    figure = Figure(figsize=(6 * len(settings), 4.2), layout="constrained")
+    axes = figure.subplots(1, len(settings), squeeze=False)[0]
+    for ax, setting in zip(axes, settings, strict=True):
+        for method in methods:
+            curves = [r.curve for r in results if r.method == method and r.setting == setting and r.curve]
+            if not curves:
+                continue
+            rounds = sorted(set().union(*curves))
+            mean = [np.mean([c[t] for c in curves if t in c]) for t in rounds]
+            ax.plot(rounds, mean, marker="o" if len(rounds) < 12 else None, label=method)
+        ax.set_title(SETTINGS[setting][0])
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("mean client accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    figure.savefig(path, dpi=120)
+
+
+def _parse_list(text: str, what: str) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise MqttflError(f"--{what} needs at least one value")
+    return items
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    methods = algorithm_names() if args.methods == "all" else _parse_list(args.methods, "methods")
+    for method in methods:
+        get_algorithm(method)  # ConfigError naming the known methods
+    try:
+        seeds = [int(s) for s in _parse_list(args.seeds, "seeds")]
+    except ValueError:
+        raise MqttflError(f"--seeds must be integers separated by commas, got {args.seeds!r}") from None
+    settings = _parse_list(args.settings, "settings")
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise MqttflError(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
+    plan = [(s, m, seed) for s in settings for m in methods for seed in seeds]
+    for setting, method, seed in plan:  # every config must load before anything starts
+        make_context(load_config(args.config, run_overrides(args.overrides, setting, method, seed)))
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out: Path = args.out or Path("runs") / f"compare-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    configure_logging(out / "compare.jsonl", level="info", console_level="warning")
+    log = get_logger(client_id="compare")
+    results = []
+    for index, (setting, method, seed) in enumerate(plan, start=1):
+        began = time.monotonic()
+        result = run_one(args.config, run_overrides(args.overrides, setting, method, seed),
+                         RunResult(setting, method, seed, out / setting / method / f"seed-{seed}"))
+        results.append(result)
+        seconds = round(time.monotonic() - began, 1)
+        log.info("compare.run_finished", setting=setting, method=method, seed=seed, seconds=seconds,
+                 error=result.error, **result.metrics)
+        status = f"failed: {result.error}" if result.error else (
+            f"acc {result.metrics['accuracy']:.4f}  f1 {result.metrics['f1']:.4f}  "
+            f"mae {result.metrics['mae']:.3f}  {result.metrics['kb']:.1f} KB")
+        sys.stdout.write(f"[{index}/{len(plan)}] {setting:<5} {method:<32} seed {seed}: "
+                         f"{status} ({seconds} s)\n")
+        sys.stdout.flush()
+    rows = aggregate(results, methods, settings)
+    (out / "compare.md").write_text(markdown_table(rows, methods, settings, seeds))
+    (out / "compare.json").write_text(json.dumps({
+        "config": args.config, "overrides": args.overrides, "seeds": seeds,
+        "settings": {s: {"title": SETTINGS[s][0], "overrides": SETTINGS[s][1]} for s in settings},
+        "required_model": {m: REQUIRED_MODEL[m] for m in methods if m in REQUIRED_MODEL},
+        "rows": rows,
+        "runs": [{"setting": r.setting, "method": r.method, "seed": r.seed, "out": str(r.out),
+                  "metrics": r.metrics, "curve": {str(t): a for t, a in r.curve.items()}, "error": r.error}
+                 for r in results],
+    }, indent=2) + "\n")
+    plot_convergence(results, methods, settings, out / "convergence.png")
+    sys.stdout.write((out / "compare.md").read_text() + f"results: {out}\n")
+    return 1 if any(r.error for r in results) else 0
+
+
+def add_compare_command(subparsers: Any) -> None:
+    """Register ``mqttfl compare`` on the main parser's subcommands."""
+    parser = subparsers.add_parser("compare", help="run several methods on the same federation and seeds "
+                                                   "and tabulate them like FedAPA Table III")
+    parser.add_argument("config", help="run config (TOML)")
+    parser.add_argument("--methods", default="all",
+                        help="'all' or a comma-separated list, e.g. fedavg,fedapa")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    parser.add_argument("--settings", default="data,model",
+                        help="data (statistical heterogeneity) and/or model (tiny/middle/large clients)")
+    parser.add_argument("--out", type=Path, help="results directory (default runs/compare-<time>)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key for every run, e.g. --set rounds=10")
+    parser.set_defaults(func=cmd_compare)
