@@ -14,7 +14,7 @@ rounds). Datasets and settings:
   ``data`` setting.
 
 Table III's rows are every method but the two Table IV ablations; Table IV is the
-ablations and FedAPA. Sizes: the full size (3 seeds, 15 rounds, reduced CSI windows)
+ablations and FedAPA. Sizes: the full size (3 seeds, 20 rounds, reduced CSI windows)
 is planned to finish in under 2 hours on this 2-core machine (the JSON records the time
 it took); ``--quick`` (1 seed, 3 rounds, tiny shards) is a smoke check of the whole path.
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import time
 from typing import Any
 
@@ -35,13 +36,13 @@ TABLE_IV = ("fedapa-global-avg", "fedapa-global-avg-client-protos", "fedapa")
 # dataset -> (config, settings, full-size overrides, quick overrides)
 DATASETS: dict[str, tuple[str, list[str], list[str], list[str]]] = {
     "csi": ("configs/fedapa-csi.toml", ["data", "model"],
-            ["rounds=15", "data.window=32", "data.samples_per_client=160", "method.warmup_rounds=8"],
+            ["rounds=20", "data.window=32", "data.samples_per_client=160", "method.warmup_rounds=10"],
             ["rounds=3", "data.window=24", "data.samples_per_client=120", "method.warmup_rounds=2"]),
     "espectre": ("configs/presence-espectre.toml", ["data"],
-                 ["rounds=15", "method.warmup_rounds=8"],
+                 ["rounds=20", "method.warmup_rounds=10"],
                  ["rounds=3", "method.warmup_rounds=2"]),
     "digits": ("configs/digits-fedsap.toml", ["data"],
-               ["rounds=15", "method.warmup_rounds=8"],
+               ["rounds=20", "method.warmup_rounds=10"],
                ["rounds=3", "method.warmup_rounds=2"]),
 }
 COMMON = ["federation.round_timeout_s=300", "federation.join_timeout_s=300",
@@ -66,6 +67,8 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
     plan = [(s, m, seed) for s in settings for m in methods for seed in seeds]
     for index, (setting, method, seed) in enumerate(plan, start=1):
         out = WORK / "accuracy" / name / setting / method / f"seed-{seed}"
+        if out.exists():  # a coordinator would resume from an old checkpoint there
+            shutil.rmtree(out)
         t0 = time.monotonic()
         result = compare.run_one(config, compare.run_overrides(base, setting, method, seed),
                                  compare.RunResult(setting, method, seed, out))

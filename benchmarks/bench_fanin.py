@@ -22,7 +22,7 @@ SIZES = (10, 100, 500)
 
 
 def rounds_for(quick: bool) -> int:
-    return 3 if quick else 6
+    return 3 if quick else 12
 
 
 def run(quick: bool) -> dict[str, Any]:

@@ -355,6 +355,22 @@ class Federation:
                 stalled.append(t)
         return sorted(stalled)
 
+    def figures(self) -> dict[str, Any]:
+        """The drill's headline numbers, for a benchmark report."""
+        closed = self.closed_rounds()
+        outcomes = [o for found in self.outcomes().values() for o in found]
+        return {
+            "rounds_closed": len(closed),
+            "rounds_closed_twice": sum(1 for v in closed.values() if len(v) > 1),
+            "stalled_rounds": len(self.stalled_rounds()),
+            "kills": len(self.killed),
+            "clients_killed": len({name for _, name in self.killed}),
+            "restarts": sum(n - 1 for n in self.starts.values()),
+            "uploads_accepted": outcomes.count("accepted"),
+            "uploads_missing": outcomes.count("missing"),
+            "uploads_late_or_rejected": sum(1 for o in outcomes if o.startswith("upload.")),
+        }
+
     def uploads_sent(self, cid: str) -> list[int]:
         return [int(e["round"]) for e in self.events(cid, "upload.sent")]
 

@@ -74,7 +74,9 @@ class Sub:
             self.proc = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 10
         while "SUBACK" not in self.text():
-            assert time.monotonic() < deadline and self.proc.poll() is None, self.text()
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise AssertionError(f"mosquitto_sub did not subscribe: {self.text()}")
             time.sleep(0.05)
 
     def text(self) -> str:
@@ -90,7 +92,8 @@ class Sub:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        self.proc.terminate()
+        if self.proc.poll() is None:
+            self.proc.terminate()
         self.proc.wait(timeout=10)
 
 

@@ -14,17 +14,17 @@ from faults import RUN_ID, Federation, Seen, Witness, topic_parts
 from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.algorithms.base import Downlinks
 from mqttfl.config import load_config
+from mqttfl.runtime.broker import LocalBroker
 from mqttfl.runtime.coordinator import Coordinator
 from mqttfl.runtime.transport import BrokerAddress
-from mqttfl.runtime.broker import LocalBroker
 from mqttfl.wire import decode
 
-ROUNDS, CRASH_ROUND = 5, 3
+ROUNDS, CRASH_ROUND, CLIENTS = 4, 3, "012"
 
 
 @pytest.mark.slow
 def test_coordinator_sigkill_mid_round_resumes_from_its_journal(broker: LocalBroker, tmp_path: Path) -> None:
-    with Federation(tmp_path, broker, clients=4, rounds=ROUNDS) as fed:
+    with Federation(tmp_path, broker, clients=len(CLIENTS), rounds=ROUNDS) as fed:
         crashed: list[float] = []
 
         def crash_on_first_upload(seen: Seen) -> None:
@@ -37,19 +37,19 @@ def test_coordinator_sigkill_mid_round_resumes_from_its_journal(broker: LocalBro
         with Witness(broker.port, [f"{base}/round/+/start", f"{base}/round/+/up/+", f"{base}/round/+/down/all"],
                      on_message=crash_on_first_upload) as witness:
             fed.start()
-            client_pids = {cid: fed.pid(cid) for cid in "0123"}
+            client_pids = {cid: fed.pid(cid) for cid in CLIENTS}
             fed.wait_for(lambda: crashed, timeout=120, what=f"the first upload of round {CRASH_ROUND}")
             assert fed.procs["coordinator"].wait(timeout=10) == -signal.SIGKILL
             assert fed.last_closed() == CRASH_ROUND - 1
             fed.start_coordinator()  # same --out: resumes from checkpoint.msgpack
             summary = fed.finish(timeout=180)
 
-        assert {cid: fed.pid(cid) for cid in "0123"} == client_pids  # nobody restarted
-        for cid in "0123":
+        assert {cid: fed.pid(cid) for cid in CLIENTS} == client_pids  # nobody restarted
+        for cid in CLIENTS:
             assert len(fed.events(cid, "client.started")) == 1
             assert sorted(set(fed.uploads_sent(cid))) == list(range(1, ROUNDS + 1))
         # Whoever had uploaded to the dead coordinator sent the same upload to the new one.
-        resent = {cid for cid in "0123" if any(e["round"] == CRASH_ROUND for e in fed.events(cid, "upload.resent"))}
+        resent = {cid for cid in CLIENTS if any(e["round"] == CRASH_ROUND for e in fed.events(cid, "upload.resent"))}
         assert resent and all(CRASH_ROUND in fed.uploads_sent(cid) for cid in resent)
 
     events = fed.events()
@@ -64,7 +64,7 @@ def test_coordinator_sigkill_mid_round_resumes_from_its_journal(broker: LocalBro
     assert {t: len(p) for t, p in broadcasts.items()} == {t: 1 for t in range(1, ROUNDS + 1)}
     # The resumed round runs with every client and the schedule of its own round number.
     resumed_close = next(e for e in events if e["event"] == "round.closed" and e["round"] == CRASH_ROUND)
-    assert resumed_close["uploads"] == 4 and resumed_close["missing"] == []
+    assert resumed_close["uploads"] == len(CLIENTS) and resumed_close["missing"] == []
     starts = [decode(m.payload) for m in witness.seen(lambda m: m.topic.endswith(f"/round/{CRASH_ROUND}/start"))]
     assert len(starts) == 2  # once by each coordinator
     config = load_config(fed.config, fed.all_overrides)

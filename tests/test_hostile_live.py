@@ -346,6 +346,6 @@ def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -
     assert np.isfinite(body["prototypes"]).all()
     valid = decode(scene.valid()).body
     np.testing.assert_array_equal(body["prototypes"][2][valid["classes"]], valid["prototypes"])
-    print("FIGURES hostile-live", json.dumps({"bad_inputs_tried": len(CATALOGUE) + len(control),
+    print("FIGURES hostile-live", json.dumps({"bad_inputs_tried": len(CATALOGUE) + sum(control.values()),
                                               "coordinator_crashes": 0, "rejections": summary["rejections"],
                                               "rejected_messages": summary["rejected_messages"]}))

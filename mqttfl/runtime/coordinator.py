@@ -33,6 +33,7 @@ from mqttfl.wire import Message, Topics, encode
 
 
 RESUME_LISTEN_S = 5.0  # on resume, how long to wait for the statuses of known clients
+RETRY_GRACE_S = 3.0  # before a retry, how long to wait for the clients asked before to be back
 
 
 class RunAborted(MqttflError):
@@ -177,6 +178,9 @@ class Coordinator:
         log = self.log.bind(round=t)
         started = time.monotonic()
         for attempt in range(1, self.fed.max_round_attempts + 1):
+            if attempt > 1:  # whoever was asked gets a moment to come back (a broker restart drops all)
+                await self._wait(lambda: self.gate.selected - set(self.gate.accepted) <= set(self._live()),
+                                 RETRY_GRACE_S)
             if len(self._live()) < self.fed.min_clients:
                 log.warning("round.waiting", reason="too few live clients", live=len(self._live()),
                             min_clients=self.fed.min_clients, attempt=attempt)
@@ -185,6 +189,8 @@ class Coordinator:
                     continue
             selected = select_clients(self._live(), fraction=self.fed.fraction, min_clients=self.fed.min_clients,
                                       seed=self.config.seed, t=t, attempt=attempt)
+            if attempt > 1:  # a retry asks again whoever was asked before and is live
+                selected = sorted(set(selected) | (self.gate.selected & set(self._live())), key=_order)
             self.gate.open_round(t, selected, keep=attempt > 1)
             deadline = time.time() + self.fed.round_timeout_s
             params = self.server.round_params(t)
@@ -204,7 +210,7 @@ class Coordinator:
             raise RunAborted(f"round {t}: fewer than min_clients={self.fed.min_clients} uploads after "
                              f"{self.fed.max_round_attempts} attempts")
         uploads = self.gate.close_round()
-        missing = sorted(set(selected) - {u.client_id for u in uploads}, key=_order)
+        missing = sorted(self.gate.selected - {u.client_id for u in uploads}, key=_order)
         for client in missing:
             self.missing_uploads += 1
             log.warning("upload.missing", client=client, online=self.clients[client].online)
@@ -269,7 +275,8 @@ class Coordinator:
         self.missing_uploads = int(state["missing_uploads"])
         self.rejected_messages.update(state.get("rejected_messages", {}))
         self.start_round = int(state["round"]) + 1
-        self.resume = (Downlinks(**state["downlinks"]) if "downlinks" in state else None, state.get("clients", []))
+        downlinks = Downlinks(**state["downlinks"]) if "downlinks" in state else None
+        self.resume = (downlinks, state.get("clients", []))
         self.records = self.journal.read_metrics()
         for record in self.records:
             self.metrics_seen.setdefault(int(record["round"]), set()).add(str(record["client_id"]))

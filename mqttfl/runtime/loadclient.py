@@ -29,7 +29,7 @@ from mqttfl.config import RunConfig, load_config
 from mqttfl.errors import MqttflError, WireError
 from mqttfl.logs import configure_logging, get_logger
 from mqttfl.runtime.messages import status_offline, status_online
-from mqttfl.runtime.transport import Bus, BrokerAddress, Credentials
+from mqttfl.runtime.transport import BrokerAddress, Bus, Credentials
 from mqttfl.wire import Message, Topics, decode, encode
 
 BARRIER_S = 2.0  # how long the first selected device waits for the others before all upload
