@@ -78,7 +78,7 @@ def round_(doc: dict[str, Any]) -> list[str]:
              "coordinator turnaround (ms) |", "|---|---|---|---|---|---|"]
     for r in doc["methods"]:
         lines.append(f"| {r['method']} | {r['cycle_s']['median']:.3f} | {r['slowest_training_s']['median']:.3f} | "
-                     f"{r['ratio']['median']:.3f} | {r['ratio_vs_eval_plus_training']['median']:.3f} | "
+                     f"{r['ratio']['median']:.3f} | {r.get('ratio_vs_eval_plus_training', {}).get('median', float('nan')):.3f} | "
                      f"{_ms(r['coordinator_turnaround_s'])} |")
     return lines
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
 from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
-from mqttfl.wire.schemas import PayloadSchema
+from mqttfl.wire.schemas import ClientInfo, PayloadSchema
 
 if TYPE_CHECKING:
     from mqttfl.config import TrainConfig
@@ -28,17 +28,6 @@ if TYPE_CHECKING:
 
 class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-@dataclass(frozen=True)
-class ClientInfo:
-    """What a client announced on its status topic."""
-
-    client_id: str
-    arch: str
-    classes: tuple[int, ...]
-    num_samples: int
-    sample_shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)

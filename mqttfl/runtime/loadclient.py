@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mqttfl.algorithms.base import ClientInfo
+from mqttfl.wire.schemas import ClientInfo
 from mqttfl.config import RunConfig, load_config
 from mqttfl.errors import MqttflError, WireError
 from mqttfl.logs import configure_logging, get_logger

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mqttfl.algorithms.base import ClientInfo
+from mqttfl.wire.schemas import ClientInfo
 from mqttfl.errors import WireError
 from mqttfl.wire import Message, check_id, decode, encode
 from mqttfl.wire.schemas import require_keys

@@ -118,6 +118,17 @@ class PayloadSchema:
 EMPTY = PayloadSchema(fields={})
 
 
+@dataclass(frozen=True)
+class ClientInfo:
+    """What a client announced on its status topic: model, classes, sample count."""
+
+    client_id: str
+    arch: str
+    classes: tuple[int, ...]
+    num_samples: int
+    sample_shape: tuple[int, ...]
+
+
 def require_keys(body: Mapping[str, Any], types: Mapping[str, type | tuple[type, ...]]) -> None:
     """Light check of a control message body (start, status, metrics, state)."""
     for key, kind in types.items():
