@@ -25,6 +25,10 @@ def _ms(value: dict[str, Any] | None, key: str = "median") -> str:
     return f"{value[key] * 1000:.1f}" if value and value.get("n") else "n/a"
 
 
+def _median(value: dict[str, Any] | None) -> float:
+    return float(value["median"]) if value and value.get("n") else float("nan")
+
+
 def _head(doc: dict[str, Any]) -> str:
     m = doc["machine"]
     return (f"_{doc['date']}, `{doc['command']}`, load average at the end {m['load_average']}_\n")
@@ -46,7 +50,8 @@ def coordinator(doc: dict[str, Any]) -> list[str]:
              "checkpoint | publish downlinks |", "|---|---|---|---|---|---|---|"]
     for label, key in (("default", "sizes"), ("1", "single_blas_thread_sizes")):
         for r in doc.get(key, []):
-            lines.append(f"| {r['n']} | {label} | {_ms(r['overhead_downlinks_s'])} | {_ms(r['overhead_next_start_s'])} | "
+            lines.append(f"| {r['n']} | {label} | {_ms(r['overhead_downlinks_s'])} | "
+                         f"{_ms(r['overhead_next_start_s'])} | "
                          f"{_ms(r['aggregate_s'])} | {_ms(r.get('checkpoint_s'))} | {_ms(r['publish_downlinks_s'])} |")
     return lines
 
@@ -57,7 +62,8 @@ def aggregation(doc: dict[str, Any]) -> list[str]:
              "|---|---|---|---|---|---|"]
     for label, key in (("default", "sizes"), ("1", "single_thread_sizes")):
         for r in doc.get(key, []):
-            lines.append(f"| {r['n']} | {label} | {_ms(r['server_aggregate_s'])} | {_ms(r['server_aggregate_s'], 'min')} | "
+            lines.append(f"| {r['n']} | {label} | {_ms(r['server_aggregate_s'])} | "
+                         f"{_ms(r['server_aggregate_s'], 'min')} | "
                          f"{_ms(r['server_aggregate_cpu_s'])} | {_ms(r['core_s'])} |")
     return lines
 
@@ -78,7 +84,7 @@ def round_(doc: dict[str, Any]) -> list[str]:
              "coordinator turnaround (ms) |", "|---|---|---|---|---|---|"]
     for r in doc["methods"]:
         lines.append(f"| {r['method']} | {r['cycle_s']['median']:.3f} | {r['slowest_training_s']['median']:.3f} | "
-                     f"{r['ratio']['median']:.3f} | {r.get('ratio_vs_eval_plus_training', {}).get('median', float('nan')):.3f} | "
+                     f"{r['ratio']['median']:.3f} | {_median(r.get('ratio_vs_eval_plus_training')):.3f} | "
                      f"{_ms(r['coordinator_turnaround_s'])} |")
     return lines
 
@@ -128,7 +134,8 @@ def flower(doc: dict[str, Any]) -> list[str]:
 
 
 def accuracy(doc: dict[str, Any]) -> list[str]:
-    lines = ["### Accuracy", "", _head(doc), f"size {doc['size']}, seeds {doc['seeds']}, {doc['seconds'] / 60:.1f} min", ""]
+    lines = ["### Accuracy", "", _head(doc),
+             f"size {doc['size']}, seeds {doc['seeds']}, {doc['seconds'] / 60:.1f} min", ""]
     for name, data in doc["datasets"].items():
         if "skipped" in data:
             lines += [f"#### {name}: skipped ({data['skipped']})", ""]

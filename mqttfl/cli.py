@@ -11,9 +11,13 @@ import threading
 import time
 from pathlib import Path
 
+from mqttfl.compare import add_compare_command
 from mqttfl.config import RunConfig, load_config
+from mqttfl.data.data_cli import add_data_commands
 from mqttfl.errors import MqttflError
 from mqttfl.logs import configure_logging
+from mqttfl.report import add_report_command
+from mqttfl.runtime.security import add_broker_commands
 
 
 def _add_config_args(parser: argparse.ArgumentParser, *, positional: bool = False) -> None:
@@ -55,26 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--json", action="store_true")
     models.set_defaults(func=cmd_models)
 
-    try:
-        from mqttfl.data.data_cli import add_data_commands
-    except ImportError:  # pragma: no cover - optional until ingestion lands
-        pass
-    else:
-        add_data_commands(sub)
-    try:
-        from mqttfl.compare import add_compare_command
-    except ImportError:  # pragma: no cover - optional until comparison lands
-        pass
-    else:
-        add_compare_command(sub)
-    try:
-        from mqttfl.report import add_report_command
-    except ImportError:  # pragma: no cover - optional until reports land
-        pass
-    else:
-        add_report_command(sub)
-    from mqttfl.runtime.security import add_broker_commands
-
+    add_data_commands(sub)
+    add_compare_command(sub)
+    add_report_command(sub)
     add_broker_commands(sub)
     return parser
 
