@@ -14,7 +14,6 @@ Goal: at most 200 ms at N=1000 (default threads).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -24,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import REPO, log, stats, write_result
+from benchmarks.common import REPO, child_process_main, log, stats
 
 SIZES = (10, 100, 1000)
 CLASSES, DIM = 21, 256
@@ -110,17 +109,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="FedAPA aggregation benchmark")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
-    if args.child:
-        sys.stdout.write(json.dumps(measure(args.quick)))
-        return
-    path = write_result("aggregation", run(args.quick), quick=args.quick,
-                        command=f"python -m benchmarks.bench_aggregation{' --quick' if args.quick else ''}")
-    log(f"wrote {path}")
+    child_process_main("aggregation", "FedAPA aggregation benchmark", measure, run, REPO)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,13 @@ many times over when other work shares the cores.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 from typing import Any
 
-from benchmarks.common import REPO, log, stats, write_result
+from benchmarks.common import REPO, child_process_main, log, stats
 from benchmarks.loadfed import coordinator_under_load
 
 SIZES = (10, 100, 500)
@@ -78,17 +77,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="coordinator overhead benchmark")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
-    if args.child:
-        sys.stdout.write(json.dumps(measure(args.quick)))
-        return
-    path = write_result("coordinator", run(args.quick), quick=args.quick,
-                        command=f"python -m benchmarks.bench_coordinator{' --quick' if args.quick else ''}")
-    log(f"wrote {path}")
+    child_process_main("coordinator", "coordinator overhead benchmark", measure, run, REPO)
 
 
 if __name__ == "__main__":

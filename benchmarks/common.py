@@ -147,3 +147,25 @@ def event_time(event: dict[str, Any]) -> float:
 def log(message: str) -> None:
     sys.stderr.write(f"[bench {time.strftime('%H:%M:%S')}] {message}\n")
     sys.stderr.flush()
+
+
+def child_process_main(name: str, description: str, measure: Callable[[bool], Any],
+                       run: Callable[[bool], dict[str, Any]], repo: Path) -> None:
+    """The command line of a benchmark that measures in a fresh child process.
+
+    ``--child`` prints ``measure(quick)`` as JSON (the parent's ``run`` starts it);
+    otherwise ``run(quick)`` is written to benchmarks/results/NAME.json.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.chdir(repo)  # configs/ and `python -m` paths are relative to the checkout
+    if args.child:
+        sys.stdout.write(json.dumps(measure(args.quick)))
+        return
+    path = write_result(name, run(args.quick), quick=args.quick,
+                        command=f"python -m benchmarks.bench_{name}{' --quick' if args.quick else ''}")
+    log(f"wrote {path}")

@@ -327,6 +327,11 @@ class Federation:
     def wait_round_closed(self, t: int, *, timeout: float = 60.0) -> None:
         self.wait_for(lambda: t in self.closed_rounds(), timeout=timeout, what=f"round {t} to close")
 
+    def wait_training(self, cid: str, t: int, *, timeout: float = 60.0) -> dict[str, Any]:
+        """Until client ``cid`` logs that it began local training for round t."""
+        return self.wait_for(lambda: next((e for e in self.events(cid, "training.started") if e["round"] == t), None),
+                             timeout=timeout, what=f"client {cid} to start training round {t}")
+
     def wait_round_started(self, t: int, *, timeout: float = 60.0) -> dict[str, Any]:
         return self.wait_for(lambda: (self.started(t) or [None])[-1], timeout=timeout, what=f"round {t} to start")
 

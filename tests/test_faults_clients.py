@@ -147,10 +147,9 @@ def test_kill_storm_nothing_stalls_nothing_is_lost(broker: LocalBroker, tmp_path
 def test_straggler_late_upload_is_stale_and_it_catches_up(broker: LocalBroker, tmp_path: Path) -> None:
     # Client 2 is a slow device (more local epochs); it is frozen mid-training in round 2.
     with Federation(tmp_path, broker, clients=3, rounds=3, overrides=["federation.round_timeout_s=6"],
-                    client_overrides={"2": ["train.local_epochs=8"]}) as fed:
+                    client_overrides={"2": ["train.local_epochs=40"]}) as fed:
         fed.start()
-        fed.wait_round_started(2, timeout=90)
-        time.sleep(0.3)
+        fed.wait_training("2", 2, timeout=90)  # frozen mid-training, whatever the machine's speed
         fed.stop("2")
         stopped_at = time.time()
         fed.wait_round_started(3, timeout=30)  # round 2 closed at its deadline without client 2

@@ -166,6 +166,7 @@ class ClientRunner:
             log.warning("round.skipped", reason="deadline already passed")
             return
         began = time.monotonic()
+        log.info("training.started", selected=len(start.body["selected"]))
         rng = np.random.default_rng([self.config.seed, self.info.num_samples, t, int(self.client_id) if self.client_id.isdigit() else 0])
         loss = await asyncio.to_thread(self.method.train, t, dict(start.body["params"]), rng)
         body = await asyncio.to_thread(self.method.make_upload, t)

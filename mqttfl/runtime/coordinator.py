@@ -33,6 +33,7 @@ from mqttfl.wire import Message, Topics, encode
 
 
 RESUME_LISTEN_S = 5.0  # on resume, how long to wait for the statuses of known clients
+WILL_SETTLE_S = 0.5  # after last wills, how long to watch whether our own connection drops too
 RETRY_GRACE_S = 3.0  # before a retry, how long to wait for the clients asked before to be back
 
 
@@ -92,6 +93,7 @@ class Coordinator:
             subscriptions=[self.topics.any_status, self.topics.any_up, self.topics.any_metrics],
             credentials=credentials,
             keepalive_s=config.broker.keepalive_s,
+            persistent_session=True,  # uploads sent while we reconnect wait for us
         )
 
     # --- inbox ----------------------------------------------------------------
@@ -199,8 +201,10 @@ class Coordinator:
                 self.config.run_id, t, selected=selected, deadline=deadline, params=params, attempt=attempt,
                 uploaded=sorted(self.gate.accepted, key=_order)))
             log.info("round.started", selected=selected, attempt=attempt, deadline_s=self.fed.round_timeout_s)
+            connections = self.bus.connections
             await self._wait(lambda: all(c in self.gate.accepted or not self.clients[c].online
                                          for c in selected), self.fed.round_timeout_s)
+            await self._settle_after_wills(selected, connections)
             if len(self.gate.accepted) >= self.fed.min_clients:
                 break
             self.retries += 1
@@ -224,6 +228,20 @@ class Coordinator:
         await self._publish_state("closed", t)
         log.info("round.closed", uploads=len(uploads), missing=missing, seconds=round(time.monotonic() - started, 3),
                  **self._progress(t - 1))
+
+    async def _settle_after_wills(self, selected: list[str], connections: int) -> None:
+        """A broker going down fires every client's last will just before our own link
+        drops. If ours drops too, the wills were the broker's doing, not the clients':
+        wait for the broker, then give the clients a moment to come back and upload."""
+        gone = [c for c in selected if c not in self.gate.accepted and not self.clients[c].online]
+        if not gone:
+            return
+        await asyncio.sleep(WILL_SETTLE_S)
+        if self.bus.connected.is_set() and self.bus.connections == connections:
+            return  # they really left
+        self.log.warning("round.broker_lost", waiting_for=gone, grace_s=RETRY_GRACE_S)
+        await self.bus.wait_connected(timeout=self.fed.round_timeout_s)
+        await self._wait(lambda: all(c in self.gate.accepted for c in selected), RETRY_GRACE_S)
 
     async def _publish_downlinks(self, t: int, downlinks: Downlinks, *, count: bool = True) -> None:
         personal = {client: encode(Message("downlink", self.config.run_id, t, messages.COORDINATOR, body))

@@ -81,8 +81,13 @@ class Bus:
         keepalive_s: int = 15,
         min_backoff_s: float = 0.2,
         max_backoff_s: float = 5.0,
+        persistent_session: bool = False,
     ) -> None:
         self.address = address
+        # A persistent session makes the broker keep our subscriptions and queue QoS 1
+        # messages for us while we are disconnected (across broker restarts too, when
+        # the broker persists its state).
+        self.persistent_session = persistent_session
         self.identifier = identifier
         self.subscriptions = subscriptions
         self.will = will
@@ -117,7 +122,7 @@ class Bus:
             username=self.credentials.username,
             password=self.credentials.password,
             will=will,
-            clean_session=True,
+            clean_session=not self.persistent_session,
             keepalive=self.keepalive_s,
             timeout=30,
             tls_context=self._tls_context(),
