@@ -7,6 +7,8 @@ holding ``shard.npz`` (plain arrays, no pickle) and ``meta.json``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import json
 import os
 import shutil
@@ -115,20 +117,18 @@ def _write_meta(shard: Shard, path: Path) -> None:
         os.fsync(fh.fileno())
 
 
-def save_shard(shard: Shard, directory: Path) -> None:
-    """Write ``directory/shard.npz`` and ``directory/meta.json`` atomically.
+def replace_directory(directory: Path, write: Callable[[Path], None]) -> None:
+    """Fill a temporary sibling with ``write(tmp)``, then rename it to ``directory``.
 
-    Both files go into a temporary sibling directory that is renamed into place
-    only when complete, so a crash never leaves a half-written shard; an existing
-    shard at ``directory`` is replaced.
+    A crash never leaves a half-written directory, and an existing one is replaced only
+    once the new one is complete (and put back if the swap fails).
     """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
     old: Path | None = None
     try:
-        _write_arrays(shard, tmp / ARRAYS_FILE)
-        _write_meta(shard, tmp / META_FILE)
+        write(tmp)
         if directory.exists():
             # rename() cannot replace a non-empty directory; move the old one aside first
             old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old-", dir=directory.parent))
@@ -138,10 +138,21 @@ def save_shard(shard: Shard, directory: Path) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and not directory.exists():
-            os.rename(old, directory)  # put the previous shard back
+            os.rename(old, directory)  # put the previous one back
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def save_shard(shard: Shard, directory: Path) -> None:
+    """Write ``directory/shard.npz`` and ``directory/meta.json`` atomically (an existing
+    shard at ``directory`` is replaced)."""
+
+    def write(tmp: Path) -> None:
+        _write_arrays(shard, tmp / ARRAYS_FILE)
+        _write_meta(shard, tmp / META_FILE)
+
+    replace_directory(Path(directory), write)
 
 
 def _read_meta(path: Path) -> dict[str, Any]:

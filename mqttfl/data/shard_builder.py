@@ -34,9 +34,6 @@ is moved into place only when complete, so a bad input leaves no output behind.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +51,7 @@ from mqttfl.data.preprocess import (
     gather_windows,
     split_windows_by_time,
 )
-from mqttfl.data.shard import Shard, save_shard
+from mqttfl.data.shard import Shard, replace_directory, save_shard
 from mqttfl.errors import DataError
 
 GROUPINGS: tuple[str, ...] = ("all", "file", "dir", "device")
@@ -243,24 +240,12 @@ def _write(shards: list[Shard], out: Path, overwrite: bool) -> list[Path]:
     if len(shards) == 1:
         save_shard(shards[0], out)  # atomic, replaces an existing directory
         return [out]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    old: Path | None = None
-    try:
+
+    def write(tmp: Path) -> None:
         for i, shard in enumerate(shards):
             save_shard(shard, tmp / f"client-{i}")
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.rmdir(old)
-            os.rename(out, old)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not out.exists():
-            os.rename(old, out)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+
+    replace_directory(out, write)
     return [out / f"client-{i}" for i in range(len(shards))]
 
 
