@@ -23,7 +23,6 @@ windows only.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from mqttfl.data.preprocess import (
     split_windows_by_time,
     window_starts,
 )
-from mqttfl.data.shard import Shard
+from mqttfl.data.shard import Shard, read_json_file
 from mqttfl.errors import ConfigError, DataError
 
 ESPECTRE_CHIPS: tuple[str, ...] = ("c3", "c5", "c6", "esp32", "s3")
@@ -53,12 +52,7 @@ def _read_info(root: Path) -> dict[str, Any]:
     if not root.is_dir():
         raise DataError(root, "ESPectre data directory not found (expected baseline/, movement/, dataset_info.json)")
     info_path = root / "dataset_info.json"
-    try:
-        info = json.loads(info_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(info_path, "file not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(info_path, f"unreadable JSON: {exc}") from None
+    info = read_json_file(info_path)
     if not isinstance(info, dict) or not isinstance(info.get("files"), dict):
         raise DataError(info_path, "expected an object with a 'files' table")
     return info

@@ -155,13 +155,18 @@ def save_shard(shard: Shard, directory: Path) -> None:
     replace_directory(Path(directory), write)
 
 
-def _read_meta(path: Path) -> dict[str, Any]:
+def read_json_file(path: Path) -> Any:
+    """Parse a JSON file; a missing or unreadable one is a DataError naming it."""
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DataError(path, "file not found") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DataError(path, f"unreadable JSON: {exc}") from None
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    meta = read_json_file(path)
     if not isinstance(meta, dict):
         raise DataError(path, "expected a JSON object")
     return meta
