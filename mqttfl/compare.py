@@ -47,6 +47,7 @@ class RunResult:
     metrics: dict[str, float] = field(default_factory=dict)
     curve: dict[int, float] = field(default_factory=dict)  # round -> mean client accuracy
     error: str | None = None
+    resumed: bool = False
 
 
 def run_overrides(base: list[str], setting: str, method: str, seed: int) -> list[str]:
@@ -74,10 +75,27 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
     return {**{k: float(summary["mean"][k]) for k in ("accuracy", "f1", "mae")}, "kb": float(kb)}
 
 
-def run_one(config_path: str, overrides: list[str], result: RunResult) -> RunResult:
+def finished_summary(out: Path, config: Any) -> dict[str, Any] | None:
+    """A finished run's summary in ``out``, if it ran with exactly this config (for --resume)."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if summary.get("config") != config.model_dump(mode="json"):
+        return None
+    return summary
+
+
+def run_one(config_path: str, overrides: list[str], result: RunResult, resume: bool = False) -> RunResult:
     from mqttfl.runtime.launcher import LocalFederation
 
     config = load_config(config_path, overrides)
+    summary = finished_summary(result.out, config) if resume else None
+    if summary is not None:
+        result.resumed = True
+        result.metrics = summary_metrics(summary)
+        result.curve = read_curve(result.out / "metrics.jsonl")
+        return result
     try:
         summary = LocalFederation(config, config_path, overrides, result.out,
                                   coordinator_console="warning").run()
@@ -194,16 +212,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for index, (setting, method, seed) in enumerate(plan, start=1):
         began = time.monotonic()
         result = run_one(args.config, run_overrides(args.overrides, setting, method, seed),
-                         RunResult(setting, method, seed, out / setting / method / f"seed-{seed}"))
+                         RunResult(setting, method, seed, out / setting / method / f"seed-{seed}"),
+                         resume=args.resume)
         results.append(result)
         seconds = round(time.monotonic() - began, 1)
         log.info("compare.run_finished", setting=setting, method=method, seed=seed, seconds=seconds,
-                 error=result.error, **result.metrics)
+                 error=result.error, resumed=result.resumed, **result.metrics)
         status = f"failed: {result.error}" if result.error else (
             f"acc {result.metrics['accuracy']:.4f}  f1 {result.metrics['f1']:.4f}  "
             f"mae {result.metrics['mae']:.3f}  {result.metrics['kb']:.1f} KB")
+        took = "reused a finished run" if result.resumed else f"{seconds} s"
         sys.stdout.write(f"[{index}/{len(plan)}] {setting:<5} {method:<32} seed {seed}: "
-                         f"{status} ({seconds} s)\n")
+                         f"{status} ({took})\n")
         sys.stdout.flush()
     rows = aggregate(results, methods, settings)
     (out / "compare.md").write_text(markdown_table(rows, methods, settings, seeds))
@@ -232,6 +252,8 @@ def add_compare_command(subparsers: Any) -> None:
     parser.add_argument("--settings", default="data,model",
                         help="data (statistical heterogeneity) and/or model (tiny/middle/large clients)")
     parser.add_argument("--out", type=Path, help="results directory (default runs/compare-<time>)")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse runs in --out that finished with the same config")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key for every run, e.g. --set rounds=10")
     parser.set_defaults(func=cmd_compare)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,14 +13,25 @@ from mqttfl.runtime.broker import LocalBroker
 
 pytestmark = pytest.mark.slow
 
+BROKER_DOWN_S = 2.0
+
 
 def test_broker_restart_mid_round_every_party_reconnects(tmp_path: Path) -> None:
     rounds, n = 4, 3
+    # Client 0 trains for much longer than the others, so it is still training when
+    # everyone is back: the coordinator must wait for its upload, not close the round
+    # as soon as the broker returns.
     with LocalBroker(tmp_path / "broker", persistence=True) as broker, \
-            Federation(tmp_path, broker, clients=n, rounds=rounds) as fed:
+            Federation(tmp_path, broker, clients=n, rounds=rounds,
+                       overrides=["federation.round_timeout_s=60"],
+                       client_overrides={"0": ["train.local_epochs=25"]}) as fed:
         fed.start()
-        fed.wait_round_started(3, timeout=120)
-        broker.restart()  # same port; retained state and statuses survive (persistence)
+        fed.wait_round_started(3, timeout=180)
+        # Down long enough for the reconnect backoff to grow; same port after; retained
+        # state and statuses survive (persistence).
+        broker.stop()
+        time.sleep(BROKER_DOWN_S)
+        broker.start()
         with Witness(broker.port, [f"mqttfl/{RUN_ID}/round/+/up/+"]) as witness:
             summary = fed.finish(timeout=180)
 
@@ -38,11 +50,12 @@ def test_broker_restart_mid_round_every_party_reconnects(tmp_path: Path) -> None
     # A round started while a client was still reconnecting selects only the live ones.
     for e in fed.events(event="round.closed"):
         assert e["uploads"] == len(fed.started(e["round"])[-1]["selected"]), e
-    # An upload that crossed the re-announcement on the wire is sent twice: the copy is
-    # rejected as a duplicate and logged, never aggregated twice.
+    # An upload that crossed the restart can arrive twice: the client sent it again, or the
+    # broker redelivered a QoS 1 message whose acknowledgement the restart cut off (at most
+    # one in flight per client). The copy is rejected as a duplicate, never aggregated twice.
     assert set(summary["rejections"]) <= {"duplicate"}
     resent = sum(len(fed.events(cid, "upload.resent")) for cid in map(str, range(n)))
-    assert summary["rejections"].get("duplicate", 0) <= resent
+    assert summary["rejections"].get("duplicate", 0) <= resent + n
     wire = uploads_on_the_wire(witness)  # from the restart on
     verdicts = fed.outcomes()
     assert all(len([v for v in verdicts[key] if v != "missing"]) >= count for key, count in wire.items())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -12,8 +14,11 @@ from pathlib import Path
 from mqttfl.errors import BrokerError
 
 # The same sizing as broker/mosquitto.conf, for a throwaway broker on 127.0.0.1.
+# ``user``: started as root, mosquitto would switch to the "mosquitto" user, which
+# cannot write its log or persistence file in the caller's (private) work directory.
 LOCAL_CONF = """\
 listener {port} 127.0.0.1
+user {user}
 allow_anonymous true
 max_packet_size 67108864
 max_queued_messages 100000
@@ -86,6 +91,7 @@ class LocalBroker:
                 persistence="true" if self.persistence else "false",
                 state_dir=self.work_dir,
                 log_path=self.log_path,
+                user=pwd.getpwuid(os.geteuid()).pw_name,
             )
         )
         stderr_path = self.work_dir / "mosquitto.stderr"

@@ -28,13 +28,15 @@ from mqttfl.logs import get_logger
 from mqttfl.runtime import messages
 from mqttfl.runtime.gate import UploadGate
 from mqttfl.runtime.journal import Journal, mean_over_clients, summarize_clients
-from mqttfl.runtime.transport import Bus, BrokerAddress, Credentials, Incoming
+from mqttfl.runtime.transport import MAX_BACKOFF_S, Bus, BrokerAddress, Credentials, Incoming
 from mqttfl.wire import Message, Topics, encode
 
 
 RESUME_LISTEN_S = 5.0  # on resume, how long to wait for the statuses of known clients
 WILL_SETTLE_S = 0.5  # after last wills, how long to watch whether our own connection drops too
 RETRY_GRACE_S = 3.0  # before a retry, how long to wait for the clients asked before to be back
+# after a broker restart, how long the clients may take to reconnect (their backoff) and announce
+RECONNECT_GRACE_S = MAX_BACKOFF_S + 3.0
 
 
 class RunAborted(MqttflError):
@@ -204,7 +206,7 @@ class Coordinator:
             connections = self.bus.connections
             await self._wait(lambda: all(c in self.gate.accepted or not self.clients[c].online
                                          for c in selected), self.fed.round_timeout_s)
-            await self._settle_after_wills(selected, connections)
+            await self._settle_after_wills(selected, connections, deadline)
             if len(self.gate.accepted) >= self.fed.min_clients:
                 break
             self.retries += 1
@@ -229,19 +231,23 @@ class Coordinator:
         log.info("round.closed", uploads=len(uploads), missing=missing, seconds=round(time.monotonic() - started, 3),
                  **self._progress(t - 1))
 
-    async def _settle_after_wills(self, selected: list[str], connections: int) -> None:
+    async def _settle_after_wills(self, selected: list[str], connections: int, deadline: float) -> None:
         """A broker going down fires every client's last will just before our own link
         drops. If ours drops too, the wills were the broker's doing, not the clients':
-        wait for the broker, then give the clients a moment to come back and upload."""
+        wait for the broker, give the clients a moment to come back, then wait for the
+        uploads of those that did until the round's deadline (they may still be training)."""
         gone = [c for c in selected if c not in self.gate.accepted and not self.clients[c].online]
         if not gone:
             return
         await asyncio.sleep(WILL_SETTLE_S)
         if self.bus.connected.is_set() and self.bus.connections == connections:
             return  # they really left
-        self.log.warning("round.broker_lost", waiting_for=gone, grace_s=RETRY_GRACE_S)
+        self.log.warning("round.broker_lost", waiting_for=gone, grace_s=RECONNECT_GRACE_S)
         await self.bus.wait_connected(timeout=self.fed.round_timeout_s)
-        await self._wait(lambda: all(c in self.gate.accepted for c in selected), RETRY_GRACE_S)
+        await self._wait(lambda: all(c in self.gate.accepted or self.clients[c].online for c in gone),
+                         min(RECONNECT_GRACE_S, max(deadline - time.time(), 0.0)))
+        await self._wait(lambda: all(c in self.gate.accepted or not self.clients[c].online for c in selected),
+                         max(deadline - time.time(), 0.0))
 
     async def _publish_downlinks(self, t: int, downlinks: Downlinks, *, count: bool = True) -> None:
         personal = {client: encode(Message("downlink", self.config.run_id, t, messages.COORDINATOR, body))

@@ -68,6 +68,9 @@ class Incoming:
     received: float = field(default_factory=time.monotonic)
 
 
+MAX_BACKOFF_S = 5.0  # the longest wait between two reconnect attempts
+
+
 class Bus:
     def __init__(
         self,
@@ -80,7 +83,7 @@ class Bus:
         credentials: Credentials | None = None,
         keepalive_s: int = 15,
         min_backoff_s: float = 0.2,
-        max_backoff_s: float = 5.0,
+        max_backoff_s: float = MAX_BACKOFF_S,
         persistent_session: bool = False,
     ) -> None:
         self.address = address
