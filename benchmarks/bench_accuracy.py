@@ -59,6 +59,7 @@ def espectre_missing() -> str | None:
 
 def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) -> dict[str, Any]:
     from mqttfl import compare
+    from mqttfl.config import load_config
 
     config, settings, full, small = DATASETS[name]
     base = [*COMMON, *(small if quick else full)]
@@ -67,15 +68,18 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
     plan = [(s, m, seed) for s in settings for m in methods for seed in seeds]
     for index, (setting, method, seed) in enumerate(plan, start=1):
         out = WORK / "accuracy" / name / setting / method / f"seed-{seed}"
-        if out.exists():  # a coordinator would resume from an old checkpoint there
+        overrides = compare.run_overrides(base, setting, method, seed)
+        # A run that finished with this exact config is reused (an interrupted benchmark
+        # picks up where it stopped); anything else there would be resumed from an old
+        # checkpoint by the coordinator, so it goes.
+        if out.exists() and compare.finished_summary(out, load_config(config, overrides)) is None:
             shutil.rmtree(out)
         t0 = time.monotonic()
-        result = compare.run_one(config, compare.run_overrides(base, setting, method, seed),
-                                 compare.RunResult(setting, method, seed, out))
+        result = compare.run_one(config, overrides, compare.RunResult(setting, method, seed, out), resume=True)
         results.append(result)
         status = result.error or f"acc {result.metrics['accuracy']:.4f}"
-        log(f"accuracy {name} [{index}/{len(plan)}] {setting} {method} seed {seed}: {status} "
-            f"({time.monotonic() - t0:.0f} s)")
+        took = "reused" if result.resumed else f"{time.monotonic() - t0:.0f} s"
+        log(f"accuracy {name} [{index}/{len(plan)}] {setting} {method} seed {seed}: {status} ({took})")
     rows = compare.aggregate(results, methods, settings)
     table_iii = [m for m in methods if m not in TABLE_IV[:2]]
     table_iv = [m for m in TABLE_IV if m in methods]
@@ -87,7 +91,7 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
         "config": config, "settings": settings, "overrides": base, "seeds": seeds,
         "seconds": time.monotonic() - began, "rows": rows, "tables": tables, "plot": str(plot),
         "runs": [{"setting": r.setting, "method": r.method, "seed": r.seed, "out": str(r.out),
-                  "metrics": r.metrics, "curve": {str(t): a for t, a in r.curve.items()}, "error": r.error}
+                  "reused": r.resumed, "metrics": r.metrics, "curve": {str(t): a for t, a in r.curve.items()}, "error": r.error}
                  for r in results],
     }
 

@@ -87,9 +87,9 @@ def _make_timed_coordinator(config: Any, broker: Any, out_dir: Path) -> Any:
             self.server.aggregate = timed_aggregate  # type: ignore[method-assign]
             save = self.journal.save_checkpoint
 
-            def timed_save(state: dict[str, Any]) -> None:
+            def timed_save(state: dict[str, Any], **kwargs: Any) -> None:
                 began = time.monotonic()
-                save(state)
+                save(state, **kwargs)
                 self.marks[int(state["round"])]["checkpoint_s"] = time.monotonic() - began
 
             self.journal.save_checkpoint = timed_save  # type: ignore[method-assign]
@@ -108,9 +108,9 @@ def _make_timed_coordinator(config: Any, broker: Any, out_dir: Path) -> Any:
             if len(self.gate.accepted) > before:
                 self.accepted_at[t].append(time.monotonic())
 
-        async def _publish_downlinks(self, t: int, downlinks: Any) -> None:
+        async def _publish_downlinks(self, t: int, downlinks: Any, **kwargs: Any) -> None:
             self.marks[t]["downlinks_begin"] = time.monotonic()
-            await super()._publish_downlinks(t, downlinks)
+            await super()._publish_downlinks(t, downlinks, **kwargs)
             self.marks[t]["downlinks_published"] = time.monotonic()
 
     return TimedCoordinator()

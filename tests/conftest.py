@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from mqttfl.runtime.broker import LocalBroker
+
+# CI explores the same examples every run (a landing never depends on luck); local runs
+# keep drawing new ones, which is how fuzzing finds things.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI") or os.environ.get("MQTTFL_REQUIRE_SHARED_DATA"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture

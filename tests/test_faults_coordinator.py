@@ -14,6 +14,7 @@ from faults import RUN_ID, Federation, Seen, Witness, topic_parts
 from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.algorithms.base import Downlinks
 from mqttfl.config import load_config
+from mqttfl.runtime import messages
 from mqttfl.runtime.broker import LocalBroker
 from mqttfl.runtime.coordinator import Coordinator
 from mqttfl.runtime.transport import BrokerAddress
@@ -118,7 +119,10 @@ def test_checkpoint_restores_server_state_counters_and_the_next_round(tmp_path: 
     first.server.state_dict = bank.state_dict
     first.gate.rejections.update({"stale": 2})
     first.comm["up_bytes"] = 1234
-    first._save_checkpoint(3, Downlinks(broadcast={"p": np.ones(2, np.float32)}, personal={"0": {"q": np.zeros(1)}}))
+    sent = messages.encode_downlinks(config.run_id, 3, Downlinks(broadcast={"p": np.ones(2, np.float32)},
+                                                                 personal={"0": {"q": np.zeros(1)}}))
+    first._save_checkpoint(3, sent)
+    first.journal.sync_checkpoint()
 
     second = Coordinator(config, BrokerAddress.parse("mqtt://127.0.0.1:1"), tmp_path)
     restored = _Bank()
@@ -128,6 +132,7 @@ def test_checkpoint_restores_server_state_counters_and_the_next_round(tmp_path: 
     assert restored.rounds_seen == [1, 2, 3]
     assert (second.start_round, second.gate.round, second.gate.open) == (4, 3, False)
     assert second.gate.rejections == {"stale": 2} and second.comm["up_bytes"] == 1234
-    downlinks, known = second.resume
-    np.testing.assert_array_equal(downlinks.broadcast["p"], np.ones(2, np.float32))  # re-sent, not re-aggregated
+    payloads, known = second.resume
+    assert payloads == sent  # the very bytes published are re-sent, nothing is re-aggregated
+    np.testing.assert_array_equal(decode(payloads.broadcast).body["p"], np.ones(2, np.float32))
     assert second.server.round_params(4) == first.server.round_params(4)

@@ -21,7 +21,7 @@ import paho.mqtt.client as paho
 import pytest
 from faults import RUN_ID, Federation, Witness
 from hostile import CATALOGUE, CONTROL_CATALOGUE, Scene, expected_rejections
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -147,6 +147,8 @@ def _bodies() -> st.SearchStrategy[dict]:
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_bodies(), st.sampled_from(["v", "u", "g", "x"]), st.sampled_from([2, 3, 4]))
+@example(body={"classes": np.array([0]), "prototypes": np.zeros((1, 8), np.float32), "counts": np.array([1])},
+         sender="x", t=3)  # a valid upload from the client the companion upload used to come from
 def test_gate_accepts_only_what_aggregates_to_finite_downlinks(body: dict, sender: str, t: int) -> None:
     gate = _gate()
     try:
@@ -158,7 +160,8 @@ def test_gate_accepts_only_what_aggregates_to_finite_downlinks(body: dict, sende
     except RejectedUpload as exc:
         assert sum(gate.rejections.values()) == 1 and gate.rejections[exc.reason] == 1
         return
-    valid = gate.check(3, "x", encode(Message("upload", "run", 3, "x", SCENE.body())), INFO["x"])
+    other = "v" if sender == "x" else "x"  # the other selected client: one upload each
+    valid = gate.check(3, other, encode(Message("upload", "run", 3, other, SCENE.body())), INFO[other])
     downlinks = get_algorithm("fedapa").server(CTX).aggregate(3, [upload, valid])
     for value in [*downlinks.broadcast.values(), *(v for p in downlinks.personal.values() for v in p.values())]:
         assert np.isfinite(np.asarray(value, np.float64)).all()

@@ -11,6 +11,9 @@ import pytest
 
 from helpers import FAST, mqttfl
 
+from mqttfl.compare import finished_summary, run_overrides
+from mqttfl.config import load_config
+
 pytestmark = pytest.mark.slow
 
 # Weight-sharing runs may see a transport re-send, which the gate drops as a duplicate or
@@ -103,3 +106,16 @@ def test_compare_two_methods(tmp_path: Path) -> None:
     assert fedali["config"]["model"]["name"] == "transformer" and fedali["config"]["model"]["per_client"] == []
     assert all(set(run["curve"]) == {"1", "2"} for run in data["runs"])
     assert (out / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # --resume reuses the runs that finished with the same config, and only those.
+    args = ["compare", "configs/fedapa-csi.toml", "--methods", "fedproto,fedali", "--seeds", "0", "--out", str(out),
+            *_overrides("rounds=2", "federation.num_clients=3", "method.prototype_counts=[16, 8]")]
+    again = mqttfl(*args, "--resume")
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    assert again.stdout.count("reused a finished run") == 4
+    assert json.loads((out / "compare.json").read_text())["rows"] == data["rows"]
+    run_dir = out / "data" / "fedproto" / "seed-0"
+    same = load_config("configs/fedapa-csi.toml", run_overrides(
+        [*FAST, "rounds=2", "federation.num_clients=3", "method.prototype_counts=[16, 8]"], "data", "fedproto", 0))
+    assert finished_summary(run_dir, same) is not None
+    assert finished_summary(run_dir, same.model_copy(update={"rounds": 3})) is None

@@ -10,6 +10,7 @@ split and publishes the metrics. Its state lives on disk, so a restarted client 
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import time
 from dataclasses import dataclass, field
@@ -80,6 +81,7 @@ class ClientRunner:
         # (round, deadline of the announcement it answered, payload, monotonic time sent)
         self.last_upload: tuple[int, float, bytes, float] | None = None
         self.finished = asyncio.Event()
+        self._writing: asyncio.Task[None] | None = None  # the state file being written
         self.log = get_logger(run_id=config.run_id, client_id=client_id)
         self._load_state()
         self.bus = Bus(
@@ -106,17 +108,33 @@ class ClientRunner:
         self.log.info("client.resumed", trained_round=self.progress.trained_round,
                       applied_round=self.progress.applied_round)
 
-    def _save_state(self) -> None:
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
-        torch.save({
-            "model": self.model.state_dict(),
-            "optimizer": self.method.optimizer.state_dict(),
-            "method": {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.method.state_dict().items()},
+    def _state_snapshot(self) -> dict[str, Any]:
+        """A copy of everything a restart needs, taken between training steps."""
+        return {
+            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": copy.deepcopy(self.method.optimizer.state_dict()),
+            "method": {k: torch.from_numpy(np.array(v, copy=True)) for k, v in self.method.state_dict().items()},
             "trained_round": self.progress.trained_round,
             "applied_round": self.progress.applied_round,
-        }, tmp)
+        }
+
+    def _write_state(self, snapshot: dict[str, Any]) -> None:
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+        torch.save(snapshot, tmp)
         os.replace(tmp, self.state_path)
+
+    async def _save_state(self) -> None:
+        """Snapshot now, write in the background: serializing the model is not on the
+        round's critical path. Writes stay in order (each waits for the one before)."""
+        snapshot = self._state_snapshot()
+        await self._state_written()
+        self._writing = asyncio.create_task(asyncio.to_thread(self._write_state, snapshot))
+
+    async def _state_written(self) -> None:
+        if self._writing is not None:
+            await self._writing
+            self._writing = None
 
     # --- message handling -----------------------------------------------------------
     async def _handle(self, incoming: Incoming) -> None:
@@ -177,7 +195,7 @@ class ClientRunner:
         self.progress.trained_round = t
         self.progress.bytes_up[t] = len(payload)
         self.last_loss = loss
-        await asyncio.to_thread(self._save_state)
+        await self._save_state()
         log.info("upload.sent", bytes=len(payload), train_loss=round(loss, 4),
                  seconds=round(time.monotonic() - began, 3))
 
@@ -217,7 +235,7 @@ class ClientRunner:
         report = classification_report(self.shard.y_test, predicted)
         extra = await asyncio.to_thread(self.method.extra_metrics, self.shard.x_test, self.shard.y_test)
         self.progress.applied_round = t
-        await asyncio.to_thread(self._save_state)
+        await self._save_state()
         body = {**extra, **report, "num_test": int(len(self.shard.y_test)), "bytes_up": self.progress.bytes_up.pop(t, 0),
                 "bytes_down": pending.size, "selected": t == self.progress.trained_round,
                 "train_loss": float(getattr(self, "last_loss", 0.0))}
@@ -240,6 +258,7 @@ class ClientRunner:
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(self.bus.run()), group.create_task(self._work())]
             await self.finished.wait()
+            await self._state_written()
             try:
                 await self.bus.publish(self.topics.status(self.client_id),
                                        messages.status_offline(self.config.run_id, self.client_id, "exit"),

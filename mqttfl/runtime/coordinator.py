@@ -21,7 +21,7 @@ import numpy as np
 import structlog
 
 from mqttfl.algorithms import get_algorithm, make_context
-from mqttfl.algorithms.base import ClientInfo, Downlinks
+from mqttfl.algorithms.base import ClientInfo
 from mqttfl.config import RunConfig
 from mqttfl.errors import MqttflError, RejectedUpload, WireError
 from mqttfl.logs import get_logger
@@ -29,7 +29,7 @@ from mqttfl.runtime import messages
 from mqttfl.runtime.gate import UploadGate
 from mqttfl.runtime.journal import Journal, mean_over_clients, summarize_clients
 from mqttfl.runtime.transport import MAX_BACKOFF_S, Bus, BrokerAddress, Credentials, Incoming
-from mqttfl.wire import Message, Topics, encode
+from mqttfl.wire import Topics
 
 
 RESUME_LISTEN_S = 5.0  # on resume, how long to wait for the statuses of known clients
@@ -87,7 +87,8 @@ class Coordinator:
         self.missing_uploads = 0
         self.rejected_messages: Counter[str] = Counter()  # non-upload messages, by reason
         self.start_round = 1
-        self.resume: tuple[Downlinks | None, list[str]] | None = None
+        self.resume: tuple[messages.DownlinkPayloads | None, list[str]] | None = None
+        self._syncing: asyncio.Task[None] | None = None
         self.log = get_logger(run_id=config.run_id, client_id="coordinator")
         self.bus = Bus(
             broker,
@@ -224,9 +225,14 @@ class Coordinator:
         for client, size in self.gate.accepted_bytes.items():
             self.comm["up_bytes"] += size
             self.comm["up_count"] += 1
+        payloads = messages.encode_downlinks(self.config.run_id, t, downlinks)
         # Checkpoint before publishing: a crash from here on re-publishes, never re-aggregates.
-        self._save_checkpoint(t, downlinks)
-        await self._publish_downlinks(t, downlinks)
+        # Written to the page cache now (it survives our process dying); the fsync that
+        # makes it survive a power cut runs while the downlinks go out.
+        await self._synced_checkpoint()
+        self._save_checkpoint(t, payloads)
+        self._syncing = asyncio.create_task(asyncio.to_thread(self.journal.sync_checkpoint))
+        await self._publish_downlinks(t, payloads)
         await self._publish_state("closed", t)
         log.info("round.closed", uploads=len(uploads), missing=missing, seconds=round(time.monotonic() - started, 3),
                  **self._progress(t - 1))
@@ -249,12 +255,8 @@ class Coordinator:
         await self._wait(lambda: all(c in self.gate.accepted or not self.clients[c].online for c in selected),
                          max(deadline - time.time(), 0.0))
 
-    async def _publish_downlinks(self, t: int, downlinks: Downlinks, *, count: bool = True) -> None:
-        personal = {client: encode(Message("downlink", self.config.run_id, t, messages.COORDINATOR, body))
-                    for client, body in downlinks.personal.items()}
-        personal_sizes = {client: len(payload) for client, payload in personal.items()}
-        broadcast = encode(Message("downlink", self.config.run_id, t, messages.COORDINATOR,
-                                   {**downlinks.broadcast, "_personal": sorted(downlinks.personal)}))
+    async def _publish_downlinks(self, t: int, payloads: messages.DownlinkPayloads, *, count: bool = True) -> None:
+        personal, broadcast = payloads.personal, payloads.broadcast
         # Pipelined: one broker round trip for all of them, not one per client.
         await asyncio.gather(
             *(self.bus.publish(self.topics.down(t, client), payload) for client, payload in personal.items()),
@@ -263,7 +265,7 @@ class Coordinator:
         if t > 1:  # only the newest broadcast stays retained, for late joiners
             await self.bus.publish(self.topics.down_all(t - 1), b"", retain=True)
         for client in self._live() if count else []:
-            self.comm["down_bytes"] += len(broadcast) + personal_sizes.get(client, 0)
+            self.comm["down_bytes"] += len(broadcast) + len(personal.get(client, b""))
             self.comm["down_count"] += 1
 
     def _progress(self, t: int) -> dict[str, Any]:
@@ -274,15 +276,21 @@ class Coordinator:
                 "mean_mae": round(float(np.mean([r["mae"] for r in rows])), 3)}
 
     # --- checkpoint -----------------------------------------------------------------
-    def _save_checkpoint(self, t: int, downlinks: Downlinks) -> None:
+    def _save_checkpoint(self, t: int, payloads: messages.DownlinkPayloads) -> None:
         self.journal.save_checkpoint({
             "run_id": self.config.run_id, "method": self.config.method, "round": t,
             "server": self.server.state_dict(), "rejections": dict(self.gate.rejections),
             "comm": self.comm, "retries": self.retries, "missing_uploads": self.missing_uploads,
             "rejected_messages": dict(self.rejected_messages),
-            "downlinks": {"broadcast": downlinks.broadcast, "personal": downlinks.personal},
+            "downlink_payloads": {"broadcast": payloads.broadcast, "personal": payloads.personal},
             "clients": sorted(self.clients, key=_order),
-        })
+        }, sync=False)
+
+    async def _synced_checkpoint(self) -> None:
+        """Wait for the previous checkpoint's fsync (one at a time; errors surface here)."""
+        if self._syncing is not None:
+            await self._syncing
+            self._syncing = None
 
     def _restore(self) -> None:
         state = self.journal.load_checkpoint()
@@ -299,20 +307,21 @@ class Coordinator:
         self.missing_uploads = int(state["missing_uploads"])
         self.rejected_messages.update(state.get("rejected_messages", {}))
         self.start_round = int(state["round"]) + 1
-        downlinks = Downlinks(**state["downlinks"]) if "downlinks" in state else None
-        self.resume = (downlinks, state.get("clients", []))
+        saved = state.get("downlink_payloads")
+        payloads = messages.DownlinkPayloads(**saved) if saved else None
+        self.resume = (payloads, state.get("clients", []))
         self.records = self.journal.read_metrics()
         for record in self.records:
             self.metrics_seen.setdefault(int(record["round"]), set()).add(str(record["client_id"]))
         self.log.info("run.resumed", from_round=self.start_round)
 
-    async def _resume(self, t: int, downlinks: Downlinks | None, known: list[str]) -> None:
+    async def _resume(self, t: int, payloads: messages.DownlinkPayloads | None, known: list[str]) -> None:
         """Hear every client known at the checkpoint again (their retained statuses), and
         re-publish round t's downlinks in case the crash came before they all went out."""
         heard = await self._wait(lambda: set(known) <= set(self.clients), RESUME_LISTEN_S)
         self.log.info("clients.rejoined", live=len(self._live()), known=len(known), all_heard=heard)
-        if downlinks is not None:
-            await self._publish_downlinks(t, downlinks, count=False)  # clients ignore a copy
+        if payloads is not None:
+            await self._publish_downlinks(t, payloads, count=False)  # clients ignore a copy
             await self._publish_state("closed", t)
 
     # --- whole run ----------------------------------------------------------------
@@ -344,6 +353,7 @@ class Coordinator:
         last = self.config.rounds
         await self._wait(lambda: set(self._live()) <= self.metrics_seen.get(last, set()),
                          self.fed.final_metrics_timeout_s)
+        await self._synced_checkpoint()
         summary = self.summary()
         self.journal.write_summary(summary)
         await self._publish_state("finished", last)

@@ -14,13 +14,26 @@ from mqttfl.wire.codec import pack_data, unpack_data
 LAST_ROUNDS = 5  # the paper averages the last five rounds (Section VI-D)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:
+    """Replace ``path`` in one step. Unsynced, the new file survives our process dying
+    (it is in the page cache) but not the machine losing power until :func:`sync_file`."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as handle:
         handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+        if sync:
+            handle.flush()
+            os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+def sync_file(path: Path) -> None:
+    """fsync a file and its directory entry (after an unsynced :func:`write_atomic`)."""
+    for target, flags in ((path, os.O_RDONLY), (path.parent, os.O_RDONLY | os.O_DIRECTORY)):
+        fd = os.open(target, flags)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class Journal:
@@ -31,8 +44,11 @@ class Journal:
         self.metrics_path = out_dir / "metrics.jsonl"
         self.summary_path = out_dir / "summary.json"
 
-    def save_checkpoint(self, state: dict[str, Any]) -> None:
-        write_atomic(self.checkpoint_path, pack_data(state))
+    def save_checkpoint(self, state: dict[str, Any], *, sync: bool = True) -> None:
+        write_atomic(self.checkpoint_path, pack_data(state), sync=sync)
+
+    def sync_checkpoint(self) -> None:
+        sync_file(self.checkpoint_path)
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         if not self.checkpoint_path.exists():

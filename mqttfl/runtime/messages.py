@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from mqttfl.algorithms.base import Downlinks
 from mqttfl.wire.schemas import ClientInfo
 from mqttfl.errors import WireError
 from mqttfl.wire import Message, check_id, decode, encode
@@ -116,3 +118,19 @@ def read_metrics(raw: bytes, topic_client: str) -> Message:
         raise WireError("sender", f"metrics from {message.sender!r} on {topic_client!r}'s topic")
     require_keys(message.body, {k: (float, int) for k in METRIC_KEYS})
     return message
+
+
+@dataclass
+class DownlinkPayloads:
+    """One round's downlinks, encoded once: published, checkpointed and re-published as is."""
+
+    broadcast: bytes
+    personal: dict[str, bytes]
+
+
+def encode_downlinks(run: str, t: int, downlinks: Downlinks) -> DownlinkPayloads:
+    personal = {client: encode(Message("downlink", run, t, COORDINATOR, body))
+                for client, body in downlinks.personal.items()}
+    broadcast = encode(Message("downlink", run, t, COORDINATOR,
+                               {**downlinks.broadcast, "_personal": sorted(downlinks.personal)}))
+    return DownlinkPayloads(broadcast, personal)
