@@ -15,7 +15,7 @@ rounds). Datasets and settings:
 
 Table III's rows are every method but the two Table IV ablations; Table IV is the
 ablations and FedAPA. Sizes: the full size (3 seeds, 20 rounds, reduced CSI windows)
-is planned to finish in under 2 hours on this 2-core machine (the JSON records the time
+took 54 minutes on this 2-core machine (the JSON records the time
 it took); ``--quick`` (1 seed, 3 rounds, tiny shards) is a smoke check of the whole path.
 
     python -m benchmarks.bench_accuracy [--quick] [--datasets csi,espectre,digits]
