@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
 
+import aiomqtt
 import pytest
 from faults import RUN_ID, Federation, Witness, uploads_on_the_wire
 
@@ -61,3 +63,38 @@ def test_broker_restart_mid_round_every_party_reconnects(tmp_path: Path) -> None
     assert all(len([v for v in verdicts[key] if v != "missing"]) >= count for key, count in wire.items())
     print("FIGURES broker-restart", json.dumps({"broker_restarts_survived": 1, "rounds": rounds,
                                                 "stalled": len(fed.stalled_rounds())}))
+
+
+async def _receive_one(port: int, identifier: str, topic: str, timeout: float) -> bytes | None:
+    """Reconnect a persistent session and return the first message queued for it."""
+    async with aiomqtt.Client("127.0.0.1", port, identifier=identifier, clean_session=False) as client:
+        try:
+            async with asyncio.timeout(timeout):
+                async for message in client.messages:
+                    if message.topic.matches(topic):
+                        return bytes(message.payload)
+        except TimeoutError:
+            return None
+    return None
+
+
+def test_local_broker_keeps_queued_messages_across_a_restart(tmp_path: Path) -> None:
+    """A QoS 1 message queued for an offline persistent session survives the broker's
+    restart (run as root, mosquitto used to drop to a user that could not write its
+    persistence file, and lost the queue)."""
+    topic, identifier = "mqttfl/t/round/1/up/0", "persistent-subscriber"
+
+    async def subscribe_then_leave(port: int) -> None:
+        async with aiomqtt.Client("127.0.0.1", port, identifier=identifier, clean_session=False) as client:
+            await client.subscribe(topic, qos=1)
+
+    async def publish(port: int) -> None:
+        async with aiomqtt.Client("127.0.0.1", port, identifier="publisher") as client:
+            await client.publish(topic, b"upload", qos=1)
+
+    with LocalBroker(tmp_path / "broker", persistence=True) as broker:
+        asyncio.run(subscribe_then_leave(broker.port))
+        asyncio.run(publish(broker.port))  # queued: the subscriber is offline
+        broker.restart()
+        assert broker.log_path.stat().st_size > 0  # mosquitto could write in its work dir
+        assert asyncio.run(_receive_one(broker.port, identifier, topic, timeout=10)) == b"upload"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import socket
 import subprocess
@@ -14,12 +13,12 @@ from pathlib import Path
 from mqttfl.errors import BrokerError
 
 # The same sizing as broker/mosquitto.conf, for a throwaway broker on 127.0.0.1.
-# ``user``: started as root, mosquitto would switch to the "mosquitto" user, which
-# cannot write its log or persistence file in the caller's (private) work directory.
+# {run_as}: started as root, mosquitto would switch to the "mosquitto" user, which cannot
+# write its log or persistence file in the caller's (private) work directory; it would
+# then lose every queued message when it restarts.
 LOCAL_CONF = """\
 listener {port} 127.0.0.1
-user {user}
-allow_anonymous true
+{run_as}allow_anonymous true
 max_packet_size 67108864
 max_queued_messages 100000
 max_queued_bytes 0
@@ -91,7 +90,7 @@ class LocalBroker:
                 persistence="true" if self.persistence else "false",
                 state_dir=self.work_dir,
                 log_path=self.log_path,
-                user=pwd.getpwuid(os.geteuid()).pw_name,
+                run_as="user root\n" if os.geteuid() == 0 else "",  # no effect for other users
             )
         )
         stderr_path = self.work_dir / "mosquitto.stderr"
