@@ -109,7 +109,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    child_process_main("aggregation", "FedAPA aggregation benchmark", measure, run, REPO)
+    child_process_main("aggregation", "FedAPA aggregation benchmark", measure, run)
 
 
 if __name__ == "__main__":

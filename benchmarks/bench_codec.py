@@ -14,13 +14,11 @@ check of a decoded body:
 
 from __future__ import annotations
 
-import argparse
-import os
 from typing import Any
 
 import numpy as np
 
-from benchmarks.common import REPO, log, stats, time_calls, write_result
+from benchmarks.common import bench_main, log, stats, time_calls
 
 MB = 1_000_000
 
@@ -78,13 +76,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="codec benchmark")
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
-    path = write_result("codec", run(args.quick), quick=args.quick,
-                        command=f"python -m benchmarks.bench_codec{' --quick' if args.quick else ''}")
-    log(f"wrote {path}")
+    bench_main("codec", "codec benchmark", run)
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    child_process_main("coordinator", "coordinator overhead benchmark", measure, run, REPO)
+    child_process_main("coordinator", "coordinator overhead benchmark", measure, run)
 
 
 if __name__ == "__main__":

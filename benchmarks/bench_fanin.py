@@ -11,11 +11,9 @@ Harness: :mod:`benchmarks.loadfed`.
 
 from __future__ import annotations
 
-import argparse
-import os
 from typing import Any
 
-from benchmarks.common import REPO, log, stats, write_result
+from benchmarks.common import bench_main, log, stats
 from benchmarks.loadfed import coordinator_under_load, raw_fanin
 
 SIZES = (10, 100, 500)
@@ -56,13 +54,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="fan-in benchmark")
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
-    path = write_result("fanin", run(args.quick), quick=args.quick,
-                        command=f"python -m benchmarks.bench_fanin{' --quick' if args.quick else ''}")
-    log(f"wrote {path}")
+    bench_main("fanin", "fan-in benchmark", run)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ skipped with a message saying how to install it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, WORK, log, stats, write_result
+from benchmarks.common import REPO, WORK, bench_main, log, stats
 from benchmarks.federation import CountingProxy, round_timeline, run_federation
 
 CONFIG = "configs/fedapa-csi.toml"
@@ -173,13 +172,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="mqttfl vs Flower")
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
-    path = write_result("flower", run(args.quick), quick=args.quick,
-                        command=f"python -m benchmarks.bench_flower{' --quick' if args.quick else ''}")
-    log(f"wrote {path}")
+    bench_main("flower", "mqttfl vs Flower", run)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,9 @@ that client's path), which leaves only transport and coordination in the ratio.
 
 from __future__ import annotations
 
-import argparse
-import os
 from typing import Any
 
-from benchmarks.common import REPO, WORK, log, stats, write_result
+from benchmarks.common import WORK, bench_main, log, stats
 from benchmarks.federation import round_timeline, run_federation
 
 CONFIG = "configs/fedapa-csi.toml"
@@ -57,13 +55,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="whole-round benchmark")
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
-    path = write_result("round", run(args.quick), quick=args.quick,
-                        command=f"python -m benchmarks.bench_round{' --quick' if args.quick else ''}")
-    log(f"wrote {path}")
+    bench_main("round", "whole-round benchmark", run)
 
 
 if __name__ == "__main__":

@@ -149,8 +149,25 @@ def log(message: str) -> None:
     sys.stderr.flush()
 
 
+def bench_main(name: str, description: str, run: Callable[[bool], dict[str, Any]]) -> None:
+    """The command line of a benchmark: ``run(quick)`` written to benchmarks/results/NAME.json."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    _write_run(name, run, args.quick)
+
+
+def _write_run(name: str, run: Callable[[bool], dict[str, Any]], quick: bool) -> None:
+    os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
+    path = write_result(name, run(quick), quick=quick,
+                        command=f"python -m benchmarks.bench_{name}{' --quick' if quick else ''}")
+    log(f"wrote {path}")
+
+
 def child_process_main(name: str, description: str, measure: Callable[[bool], Any],
-                       run: Callable[[bool], dict[str, Any]], repo: Path) -> None:
+                       run: Callable[[bool], dict[str, Any]]) -> None:
     """The command line of a benchmark that measures in a fresh child process.
 
     ``--child`` prints ``measure(quick)`` as JSON (the parent's ``run`` starts it);
@@ -162,10 +179,8 @@ def child_process_main(name: str, description: str, measure: Callable[[bool], An
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    os.chdir(repo)  # configs/ and `python -m` paths are relative to the checkout
     if args.child:
+        os.chdir(REPO)
         sys.stdout.write(json.dumps(measure(args.quick)))
         return
-    path = write_result(name, run(args.quick), quick=args.quick,
-                        command=f"python -m benchmarks.bench_{name}{' --quick' if args.quick else ''}")
-    log(f"wrote {path}")
+    _write_run(name, run, args.quick)

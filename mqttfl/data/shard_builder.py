@@ -13,20 +13,8 @@ no window leaks from train into test.  Recordings are grouped into clients:
 With more than one client, client ``i`` (in order of first input) goes to
 ``OUT/client-<i>/``, the layout the ``shards`` data source reads.
 
-Labels (``--label``), one per recording:
-
-* a plain value (``walk``, ``3``): every input gets it;
-* ``filename``: the activity word in the file name (tokens split on ``_-.``), from
-  :data:`ACTIVITIES` (the intel5300-activity recordings) or ``--classes``;
-* ``regex:PATTERN``: searched in the input path; the named group ``label``, else
-  group 1, else the whole match;
-* ``map:FILE`` (or any existing ``.json``/``.csv`` file): a JSON object or CSV rows
-  ``file,label``; keys are paths relative to the mapping file, or bare file names.
-
-Label names become integers in a way that is the same for every client: integers
-stay as they are; names are indexed in ``--classes`` when given, else in
-:data:`ACTIVITIES` when they all belong to it, else in their sorted order (recorded
-in the meta; pass ``--classes`` when clients are prepared separately).
+Labels (``--label``), one per recording, and how names become integers: see
+:mod:`mqttfl.data.labels`.
 
 Everything is read, checked and computed before anything is written, and the output
 is moved into place only when complete, so a bad input leaves no output behind.
@@ -309,28 +297,14 @@ def prepare_shards(
     fmt: str,
     inputs: Sequence[str | Path],
     *,
-    labels: LabelSpec,
     out: str | Path,
-    window: int = DEFAULT_WINDOW,
-    stride: int | None = None,
-    subcarriers: str | Sequence[int] | None = None,
-    test_fraction: float = 0.2,
-    seed: int = 0,
-    per_file_clients: bool = False,
-    group_by: str | None = None,
-    classes: Sequence[str] | None = None,
-    normalize: bool = False,
-    phase: bool = False,
-    drop_pilots: bool = True,
-    features: bool = False,
-    nexmon_chip: str | None = None,
-    nexmon_bw: int | None = None,
     overwrite: bool = False,
+    **options: Any,
 ) -> list[Path]:
     """Parse, preprocess, split and write client shards; return their directories.
 
-    ``fmt``: one of :data:`~mqttfl.data.capture.FORMATS`.  ``labels``: see the module
-    docstring.  ``window``/``stride``: packets per window and between window starts
+    ``options`` are :func:`build_shards`'s.  ``fmt``: one of
+    :data:`~mqttfl.data.capture.FORMATS`.  ``labels``: see :mod:`mqttfl.data.labels`.  ``window``/``stride``: packets per window and between window starts
     (``stride`` defaults to ``window``: non-overlapping).  ``subcarriers``: None for
     the automatic null/pilot removal, ``"all"``, or positions to keep.
     ``features=True`` reads npz/csv rows as ready 1-D feature vectors instead of CSI.
@@ -339,11 +313,6 @@ def prepare_shards(
     """
     out = Path(out)
     _check_out(out, overwrite)  # fail fast, before parsing anything
-    shards = build_shards(
-        fmt, inputs, labels=labels, window=window, stride=stride, subcarriers=subcarriers,
-        test_fraction=test_fraction, seed=seed, per_file_clients=per_file_clients,
-        group_by=group_by, classes=classes, normalize=normalize, phase=phase,
-        drop_pilots=drop_pilots, features=features, nexmon_chip=nexmon_chip, nexmon_bw=nexmon_bw,
-    )
+    shards = build_shards(fmt, inputs, **options)
     return _write(shards, out, overwrite)
 
