@@ -35,18 +35,30 @@ TABLE_IV = ("fedapa-global-avg", "fedapa-global-avg-client-protos", "fedapa")
 
 # dataset -> (config, settings, full-size overrides, quick overrides)
 DATASETS: dict[str, tuple[str, list[str], list[str], list[str]]] = {
-    "csi": ("configs/fedapa-csi.toml", ["data", "model"],
-            ["rounds=20", "data.window=32", "data.samples_per_client=160", "method.warmup_rounds=10"],
-            ["rounds=3", "data.window=24", "data.samples_per_client=120", "method.warmup_rounds=2"]),
-    "espectre": ("configs/presence-espectre.toml", ["data"],
-                 ["rounds=20", "method.warmup_rounds=10"],
-                 ["rounds=3", "method.warmup_rounds=2"]),
-    "digits": ("configs/digits-fedsap.toml", ["data"],
-               ["rounds=20", "method.warmup_rounds=10"],
-               ["rounds=3", "method.warmup_rounds=2"]),
+    "csi": (
+        "configs/fedapa-csi.toml",
+        ["data", "model"],
+        ["rounds=20", "data.window=32", "data.samples_per_client=160", "method.warmup_rounds=10"],
+        ["rounds=3", "data.window=24", "data.samples_per_client=120", "method.warmup_rounds=2"],
+    ),
+    "espectre": (
+        "configs/presence-espectre.toml",
+        ["data"],
+        ["rounds=20", "method.warmup_rounds=10"],
+        ["rounds=3", "method.warmup_rounds=2"],
+    ),
+    "digits": (
+        "configs/digits-fedsap.toml",
+        ["data"],
+        ["rounds=20", "method.warmup_rounds=10"],
+        ["rounds=3", "method.warmup_rounds=2"],
+    ),
 }
-COMMON = ["federation.round_timeout_s=300", "federation.join_timeout_s=300",
-          "federation.final_metrics_timeout_s=30"]
+COMMON = [
+    "federation.round_timeout_s=300",
+    "federation.join_timeout_s=300",
+    "federation.final_metrics_timeout_s=30",
+]
 
 
 def espectre_missing() -> str | None:
@@ -75,24 +87,46 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
         if out.exists() and compare.finished_summary(out, load_config(config, overrides)) is None:
             shutil.rmtree(out)
         t0 = time.monotonic()
-        result = compare.run_one(config, overrides, compare.RunResult(setting, method, seed, out), resume=True)
+        result = compare.run_one(
+            config, overrides, compare.RunResult(setting, method, seed, out), resume=True
+        )
         results.append(result)
         status = result.error or f"acc {result.metrics['accuracy']:.4f}"
         took = "reused" if result.resumed else f"{time.monotonic() - t0:.0f} s"
-        log(f"accuracy {name} [{index}/{len(plan)}] {setting} {method} seed {seed}: {status} ({took})")
+        log(
+            f"accuracy {name} [{index}/{len(plan)}] {setting} {method} seed {seed}: {status} ({took})"
+        )
     rows = compare.aggregate(results, methods, settings)
     table_iii = [m for m in methods if m not in TABLE_IV[:2]]
     table_iv = [m for m in TABLE_IV if m in methods]
-    tables = {"table_iii": compare.markdown_table(rows, table_iii, settings, seeds),
-              "table_iv": compare.markdown_table(rows, table_iv, settings, seeds)}
+    tables = {
+        "table_iii": compare.markdown_table(rows, table_iii, settings, seeds),
+        "table_iv": compare.markdown_table(rows, table_iv, settings, seeds),
+    }
     plot = RESULTS / f"accuracy-{name}{'-quick' if quick else ''}.png"
     compare.plot_convergence(results, methods, settings, plot)
     return {
-        "config": config, "settings": settings, "overrides": base, "seeds": seeds,
-        "seconds": time.monotonic() - began, "rows": rows, "tables": tables, "plot": str(plot),
-        "runs": [{"setting": r.setting, "method": r.method, "seed": r.seed, "out": str(r.out),
-                  "reused": r.resumed, "metrics": r.metrics, "curve": {str(t): a for t, a in r.curve.items()}, "error": r.error}
-                 for r in results],
+        "config": config,
+        "settings": settings,
+        "overrides": base,
+        "seeds": seeds,
+        "seconds": time.monotonic() - began,
+        "rows": rows,
+        "tables": tables,
+        "plot": str(plot),
+        "runs": [
+            {
+                "setting": r.setting,
+                "method": r.method,
+                "seed": r.seed,
+                "out": str(r.out),
+                "reused": r.resumed,
+                "metrics": r.metrics,
+                "curve": {str(t): a for t, a in r.curve.items()},
+                "error": r.error,
+            }
+            for r in results
+        ],
     }
 
 
@@ -112,17 +146,28 @@ def run(quick: bool, datasets: list[str] | None = None) -> dict[str, Any]:
     lines = []
     for name, data in out.items():
         if "tables" in data:
-            lines += [f"## {name} ({data['config']})", "", "### Table III", "", data["tables"]["table_iii"],
-                      "### Table IV", "", data["tables"]["table_iv"]]
+            lines += [
+                f"## {name} ({data['config']})",
+                "",
+                "### Table III",
+                "",
+                data["tables"]["table_iii"],
+                "### Table IV",
+                "",
+                data["tables"]["table_iv"],
+            ]
         else:
             lines += [f"## {name}", "", data.get("skipped", ""), ""]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"accuracy{'-quick' if quick else ''}.md").write_text("\n".join(lines))
     return {
         "what": "Table III (data- and model-heterogeneous) and Table IV (aggregation ablations) equivalents: "
-                "mean ± std over seeds of each run's last-5-round mean over clients",
-        "methods": methods, "seeds": seeds, "size": "quick" if quick else "full",
-        "seconds": time.monotonic() - began, "datasets": out,
+        "mean ± std over seeds of each run's last-5-round mean over clients",
+        "methods": methods,
+        "seeds": seeds,
+        "size": "quick" if quick else "full",
+        "seconds": time.monotonic() - began,
+        "datasets": out,
     }
 
 
@@ -134,8 +179,12 @@ def main() -> None:
     os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
     datasets = args.datasets.split(",") if args.datasets else None
     result = run(args.quick, datasets)
-    path = write_result("accuracy", result, quick=args.quick,
-                        command=f"python -m benchmarks.bench_accuracy{' --quick' if args.quick else ''}")
+    path = write_result(
+        "accuracy",
+        result,
+        quick=args.quick,
+        command=f"python -m benchmarks.bench_accuracy{' --quick' if args.quick else ''}",
+    )
     log(f"wrote {path}")
     print((RESULTS / f"accuracy{'-quick' if args.quick else ''}.md").read_text())
 

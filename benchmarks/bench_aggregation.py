@@ -40,9 +40,11 @@ def make_uploads(n: int, seed: int = 0) -> list[Any]:
         if present.size == 0:
             present = np.array([i % CLASSES])
         info = ClientInfo(str(i), "large", tuple(int(c) for c in present), 100, (1, 64, 242))
-        body = {"classes": present.astype(np.int64),
-                "prototypes": rng.standard_normal((present.size, DIM)).astype(np.float32),
-                "counts": rng.integers(1, 50, present.size).astype(np.int64)}
+        body = {
+            "classes": present.astype(np.int64),
+            "prototypes": rng.standard_normal((present.size, DIM)).astype(np.float32),
+            "counts": rng.integers(1, 50, present.size).astype(np.int64),
+        }
         uploads.append(Upload(str(i), info, body))
     return uploads
 
@@ -74,11 +76,22 @@ def measure(quick: bool) -> list[dict[str, Any]]:
         downlinks = server.aggregate(1, uploads)
         assert len(downlinks.personal) == n and downlinks.personal["0"]["q"].shape == (CLASSES, DIM)
         full_wall, full_cpu = _time(lambda: server.aggregate(1, uploads), repeats)
-        core_wall, core_cpu = _time(lambda: aggregate_prototypes(protos, mask, tau=ctx.params.tau), repeats)
-        rows.append({"n": n, "repeats": repeats, "server_aggregate_s": stats(full_wall),
-                     "server_aggregate_cpu_s": stats(full_cpu), "core_s": stats(core_wall),
-                     "core_cpu_s": stats(core_cpu)})
-        log(f"aggregation N={n}: server.aggregate median {stats(full_wall)['median'] * 1000:.1f} ms")
+        core_wall, core_cpu = _time(
+            lambda: aggregate_prototypes(protos, mask, tau=ctx.params.tau), repeats
+        )
+        rows.append(
+            {
+                "n": n,
+                "repeats": repeats,
+                "server_aggregate_s": stats(full_wall),
+                "server_aggregate_cpu_s": stats(full_cpu),
+                "core_s": stats(core_wall),
+                "core_cpu_s": stats(core_cpu),
+            }
+        )
+        log(
+            f"aggregation N={n}: server.aggregate median {stats(full_wall)['median'] * 1000:.1f} ms"
+        )
     return rows
 
 
@@ -88,8 +101,16 @@ def _child(quick: bool, threads: int | None) -> list[dict[str, Any]]:
         env.pop(name, None)
         if threads is not None:
             env[name] = str(threads)
-    cmd = [sys.executable, "-m", "benchmarks.bench_aggregation", "--child", *(["--quick"] if quick else [])]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=REPO, timeout=1800)
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.bench_aggregation",
+        "--child",
+        *(["--quick"] if quick else []),
+    ]
+    out = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, check=True, cwd=REPO, timeout=1800
+    )
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
@@ -99,9 +120,13 @@ def run(quick: bool) -> dict[str, Any]:
     at_goal = next(r for r in rows if r["n"] == 1000)["server_aggregate_s"]["median"]
     return {
         "what": "FedAPAServer.aggregate (Eqs. 5-8, personalized Q for every client) and its core "
-                f"aggregate_prototypes, C={CLASSES}, d={DIM}",
-        "goal": {"text": "at most 200 ms at N=1000", "limit_s": GOAL_S, "figure_s": at_goal,
-                 "met": at_goal <= GOAL_S},
+        f"aggregate_prototypes, C={CLASSES}, d={DIM}",
+        "goal": {
+            "text": "at most 200 ms at N=1000",
+            "limit_s": GOAL_S,
+            "figure_s": at_goal,
+            "met": at_goal <= GOAL_S,
+        },
         "blas_threads": "default (all cores)",
         "sizes": rows,
         "single_thread_sizes": single,

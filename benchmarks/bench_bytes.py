@@ -58,8 +58,13 @@ def theoretical_bytes(method: str, arch: str) -> dict[str, Any] | None:
         sigma_w = _parameter_count(arch)
         return {"formula": "2·Σw", "bytes": 2 * sigma_w * 4, "sigma_w": sigma_w}
     if method == "fedapa":
-        return {"formula": "Σp·(N+1)·C", "bytes": DIM * 4 * (CLIENTS + 1) * CLASSES,
-                "n": CLIENTS, "c": CLASSES, "sigma_p": DIM}
+        return {
+            "formula": "Σp·(N+1)·C",
+            "bytes": DIM * 4 * (CLIENTS + 1) * CLASSES,
+            "n": CLIENTS,
+            "c": CLASSES,
+            "sigma_p": DIM,
+        }
     return None
 
 
@@ -80,10 +85,19 @@ def analyse(records: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for direction, s in sums.items():
         content = s["content_bytes"]
-        out[direction] = {**s, "framing_overhead": (s["bytes"] / content - 1) if content else None,
-                          "framing_overhead_with_mqtt": (s["mqtt_bytes"] / content - 1) if content else None,
-                          "fields": sorted({f for r in records if ("up" if r["kind"] == "up" else "down")
-                                            == direction for f in r["fields"]})}
+        out[direction] = {
+            **s,
+            "framing_overhead": (s["bytes"] / content - 1) if content else None,
+            "framing_overhead_with_mqtt": (s["mqtt_bytes"] / content - 1) if content else None,
+            "fields": sorted(
+                {
+                    f
+                    for r in records
+                    if ("up" if r["kind"] == "up" else "down") == direction
+                    for f in r["fields"]
+                }
+            ),
+        }
     return out
 
 
@@ -95,8 +109,14 @@ def run(quick: bool, methods: list[str] | None = None) -> dict[str, Any]:
     rows = []
     for method in methods or algorithm_names():
         arch = required.get(method, "large")
-        overrides = [f"method={method}", f"rounds={rounds}", f"run_id=bench-bytes-{method}",
-                     f"federation.num_clients={CLIENTS}", "data.samples_per_client=120", "data.window=24"]
+        overrides = [
+            f"method={method}",
+            f"rounds={rounds}",
+            f"run_id=bench-bytes-{method}",
+            f"federation.num_clients={CLIENTS}",
+            "data.samples_per_client=120",
+            "data.window=24",
+        ]
         if method in required:
             overrides += [f"model.name={arch}", "model.per_client=[]"]
         try:
@@ -108,27 +128,45 @@ def run(quick: bool, methods: list[str] | None = None) -> dict[str, Any]:
         comm = result.summary["comm"]
         up, down = comm["up_bytes_per_client_round"], comm["down_bytes_per_client_round"]
         row: dict[str, Any] = {
-            "method": method, "model": arch, "rounds": rounds, "clients": CLIENTS,
-            "up_bytes_per_client_round": up, "down_bytes_per_client_round": down,
-            "total_bytes_per_client_round": up + down, "wire": analyse(result.sniffed),
+            "method": method,
+            "model": arch,
+            "rounds": rounds,
+            "clients": CLIENTS,
+            "up_bytes_per_client_round": up,
+            "down_bytes_per_client_round": down,
+            "total_bytes_per_client_round": up + down,
+            "wire": analyse(result.sniffed),
         }
         theory = theoretical_bytes(method, arch)
         if theory is not None:
             row["theoretical"] = theory
             row["measured_over_theoretical"] = (up + down) / theory["bytes"]
             row["paper_practical_kb"] = PAPER_KB.get(method)
-        framings = [v["framing_overhead"] for v in row["wire"].values() if v.get("framing_overhead") is not None]
+        framings = [
+            v["framing_overhead"]
+            for v in row["wire"].values()
+            if v.get("framing_overhead") is not None
+        ]
         row["worst_framing_overhead"] = max(framings) if framings else None
         rows.append(row)
-        log(f"bytes {method}: up {up / 1000:.2f} KB, down {down / 1000:.2f} KB per client-round, "
-            f"framing {row['worst_framing_overhead']}")
-    worst = max((r["worst_framing_overhead"] for r in rows if r.get("worst_framing_overhead") is not None),
-                default=None)
+        log(
+            f"bytes {method}: up {up / 1000:.2f} KB, down {down / 1000:.2f} KB per client-round, "
+            f"framing {row['worst_framing_overhead']}"
+        )
+    worst = max(
+        (r["worst_framing_overhead"] for r in rows if r.get("worst_framing_overhead") is not None),
+        default=None,
+    )
     return {
         "what": "payload bytes per client-round from real runs (6 clients, LargeConvNet4, C=21, d=256) "
-                "against the FedAPA paper's Table V; framing overhead = payload / raw content - 1",
-        "goal": {"text": "framing overhead at most 2%", "limit": FRAMING_GOAL, "figure": worst,
-                 "met": worst is not None and worst <= FRAMING_GOAL, "figure_is": "worst method and direction"},
+        "against the FedAPA paper's Table V; framing overhead = payload / raw content - 1",
+        "goal": {
+            "text": "framing overhead at most 2%",
+            "limit": FRAMING_GOAL,
+            "figure": worst,
+            "met": worst is not None and worst <= FRAMING_GOAL,
+            "figure_is": "worst method and direction",
+        },
         "methods": rows,
     }
 
@@ -136,12 +174,18 @@ def run(quick: bool, methods: list[str] | None = None) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description="bytes benchmark")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--methods", help="comma-separated subset (default: every registered method)")
+    parser.add_argument(
+        "--methods", help="comma-separated subset (default: every registered method)"
+    )
     args = parser.parse_args()
     os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
     methods = args.methods.split(",") if args.methods else None
-    path = write_result("bytes", run(args.quick, methods), quick=args.quick,
-                        command=f"python -m benchmarks.bench_bytes{' --quick' if args.quick else ''}")
+    path = write_result(
+        "bytes",
+        run(args.quick, methods),
+        quick=args.quick,
+        command=f"python -m benchmarks.bench_bytes{' --quick' if args.quick else ''}",
+    )
     log(f"wrote {path}")
 
 

@@ -35,14 +35,26 @@ def payloads() -> dict[str, tuple[Any, Any]]:
     info = ClientInfo("0", "large", tuple(range(21)), 320, (1, 64, 242))
     n_weights = weights_length(ctx, info)
     return {
-        "prototypes_upload": ({"classes": np.arange(21, dtype=np.int64),
-                               "prototypes": rng.standard_normal((21, 256)).astype(np.float32),
-                               "counts": rng.integers(1, 50, 21).astype(np.int64)}, prototype_schema(ctx)),
-        "prototypes_broadcast_n6": ({"available": np.ones(21, np.uint8),
-                                     "prototypes": rng.standard_normal((6, 21, 256)).astype(np.float32),
-                                     "_personal": [str(i) for i in range(6)]}, None),
-        "weights_upload_large": ({"weights": rng.standard_normal(n_weights).astype(np.float32),
-                                  "num_samples": 320}, weights_schema(ctx, info)),
+        "prototypes_upload": (
+            {
+                "classes": np.arange(21, dtype=np.int64),
+                "prototypes": rng.standard_normal((21, 256)).astype(np.float32),
+                "counts": rng.integers(1, 50, 21).astype(np.int64),
+            },
+            prototype_schema(ctx),
+        ),
+        "prototypes_broadcast_n6": (
+            {
+                "available": np.ones(21, np.uint8),
+                "prototypes": rng.standard_normal((6, 21, 256)).astype(np.float32),
+                "_personal": [str(i) for i in range(6)],
+            },
+            None,
+        ),
+        "weights_upload_large": (
+            {"weights": rng.standard_normal(n_weights).astype(np.float32), "num_samples": 320},
+            weights_schema(ctx, info),
+        ),
     }
 
 
@@ -59,20 +71,29 @@ def run(quick: bool) -> dict[str, Any]:
         enc = time_calls(lambda: encode(message), repeats=repeats, min_time_s=0.05)
         dec = time_calls(lambda: decode(raw), repeats=repeats, min_time_s=0.05)
         row: dict[str, Any] = {
-            "payload": name, "bytes": len(raw),
+            "payload": name,
+            "bytes": len(raw),
             "array_bytes": sum(v.nbytes for v in body.values() if isinstance(v, np.ndarray)),
-            "encode_s_per_message": stats(enc), "decode_s_per_message": stats(dec),
+            "encode_s_per_message": stats(enc),
+            "decode_s_per_message": stats(dec),
             "encode_ms_per_mb": stats(t * 1000 / size_mb for t in enc),
             "decode_ms_per_mb": stats(t * 1000 / size_mb for t in dec),
         }
         if schema is not None:
-            val = time_calls(lambda: schema.validate(decoded.body), repeats=repeats, min_time_s=0.05)
+            val = time_calls(
+                lambda: schema.validate(decoded.body), repeats=repeats, min_time_s=0.05
+            )
             row["validate_ms_per_mb"] = stats(t * 1000 / size_mb for t in val)
         rows.append(row)
-        log(f"codec {name}: encode {row['encode_ms_per_mb']['median']:.2f} ms/MB, "
-            f"decode {row['decode_ms_per_mb']['median']:.2f} ms/MB")
-    return {"what": "mqttfl.wire encode/decode (and the gate's schema check) in ms per MB of message, "
-                    "median over samples of >= 50 ms each", "payloads": rows}
+        log(
+            f"codec {name}: encode {row['encode_ms_per_mb']['median']:.2f} ms/MB, "
+            f"decode {row['decode_ms_per_mb']['median']:.2f} ms/MB"
+        )
+    return {
+        "what": "mqttfl.wire encode/decode (and the gate's schema check) in ms per MB of message, "
+        "median over samples of >= 50 ms each",
+        "payloads": rows,
+    }
 
 
 def main() -> None:

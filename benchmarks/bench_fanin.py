@@ -31,23 +31,25 @@ def run(quick: bool) -> dict[str, Any]:
         loaded = coordinator_under_load(n, rounds)
         raw = raw_fanin(n, rounds)
         accepted = [r for r in loaded["rounds"] if r.get("uploads_accepted") == n]
-        rows.append({
-            "n": n,
-            "upload_bytes": loaded["rounds"][0]["upload_bytes"] if loaded["rounds"] else None,
-            "coordinator_fanin_s": stats(r["fanin_s"] for r in accepted),
-            "raw_aiomqtt_fanin_s": stats(r["fanin_s"] for r in raw["rounds"]),
-            "publisher_all_acked_s": stats(r["publish_acked_s"] for r in accepted),
-            "rounds_complete": len(accepted),
-            "rounds": rounds,
-            "rejections": loaded["rejections"],
-            "connect_seconds": loaded["connect_seconds"],
-            "load_process_imported_torch": loaded["load_process_imported_torch"],
-            "per_round": loaded["rounds"],
-            "raw_per_round": raw["rounds"],
-        })
+        rows.append(
+            {
+                "n": n,
+                "upload_bytes": loaded["rounds"][0]["upload_bytes"] if loaded["rounds"] else None,
+                "coordinator_fanin_s": stats(r["fanin_s"] for r in accepted),
+                "raw_aiomqtt_fanin_s": stats(r["fanin_s"] for r in raw["rounds"]),
+                "publisher_all_acked_s": stats(r["publish_acked_s"] for r in accepted),
+                "rounds_complete": len(accepted),
+                "rounds": rounds,
+                "rejections": loaded["rejections"],
+                "connect_seconds": loaded["connect_seconds"],
+                "load_process_imported_torch": loaded["load_process_imported_torch"],
+                "per_round": loaded["rounds"],
+                "raw_per_round": raw["rounds"],
+            }
+        )
     return {
         "what": "time from the first of N simultaneous 21 KB FedAPA uploads being published until the "
-                "coordinator has received and validated all N (median over rounds)",
+        "coordinator has received and validated all N (median over rounds)",
         "reference": "50 clients in one process: 107 ms with raw aiomqtt (issue text)",
         "sizes": rows,
     }

@@ -45,31 +45,49 @@ def flower_available() -> str | None:
     python = bench_python()
     if not python.exists():
         return f"no benchmark venv at {python}"
-    probe = subprocess.run([str(python), "-c", "import flwr, torch, mqttfl; print(flwr.__version__)"],
-                           capture_output=True, text=True, cwd=REPO, timeout=120,
-                           env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"})
+    probe = subprocess.run(
+        [str(python), "-c", "import flwr, torch, mqttfl; print(flwr.__version__)"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"},
+    )
     if probe.returncode != 0:
         return f"{python} cannot import flwr/torch/mqttfl: {probe.stderr.strip().splitlines()[-1:]}"
     return None
 
 
 def _overrides(rounds: int) -> list[str]:
-    return ["method=fedavg", f"rounds={rounds}", f"federation.num_clients={CLIENTS}", "model.name=large",
-            "model.per_client=[]", "train.local_epochs=1"]
+    return [
+        "method=fedavg",
+        f"rounds={rounds}",
+        f"federation.num_clients={CLIENTS}",
+        "model.name=large",
+        "model.per_client=[]",
+        "train.local_epochs=1",
+    ]
 
 
 def run_mqttfl(rounds: int, index: int) -> dict[str, Any]:
-    result = run_federation(CONFIG, [*_overrides(rounds), f"run_id=bench-peer-{index}"],
-                            WORK / f"peer-mqttfl-{index}", count_client_bytes=True)
+    result = run_federation(
+        CONFIG,
+        [*_overrides(rounds), f"run_id=bench-peer-{index}"],
+        WORK / f"peer-mqttfl-{index}",
+        count_client_bytes=True,
+    )
     timeline = round_timeline(result.out)
     assert result.proxy is not None
-    return {"wall_s": result.wall_s,
-            "round_s": stats(r["cycle_s"] for r in timeline if r["round"] > 1),
-            "client_bytes": result.proxy["up"] + result.proxy["down"],
-            "client_bytes_per_client_round": (result.proxy["up"] + result.proxy["down"]) / (CLIENTS * rounds),
-            "payload_bytes_per_client_round": result.summary["comm"]["up_bytes_per_client_round"]
-            + result.summary["comm"]["down_bytes_per_client_round"],
-            "mean_accuracy_last5": result.summary["mean"]["accuracy"]}
+    return {
+        "wall_s": result.wall_s,
+        "round_s": stats(r["cycle_s"] for r in timeline if r["round"] > 1),
+        "client_bytes": result.proxy["up"] + result.proxy["down"],
+        "client_bytes_per_client_round": (result.proxy["up"] + result.proxy["down"])
+        / (CLIENTS * rounds),
+        "payload_bytes_per_client_round": result.summary["comm"]["up_bytes_per_client_round"]
+        + result.summary["comm"]["down_bytes_per_client_round"],
+        "mean_accuracy_last5": result.summary["mean"]["accuracy"],
+    }
 
 
 def _free_port() -> int:
@@ -93,25 +111,56 @@ def run_flower(rounds: int, index: int) -> dict[str, Any]:
 
     def spawn(args: list[str], log_name: str) -> subprocess.Popen[bytes]:
         with open(work / log_name, "wb") as handle:
-            child = subprocess.Popen([python, "-m", "benchmarks.flower_peer", *args], cwd=REPO, env=env,
-                                     stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+            child = subprocess.Popen(
+                [python, "-m", "benchmarks.flower_peer", *args],
+                cwd=REPO,
+                env=env,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         children.append(child)
         return child
 
     with CountingProxy(port) as proxy:
         began = time.monotonic()
         try:
-            server = spawn(["server", "--port", str(port), "--clients", str(CLIENTS), "--rounds", str(rounds),
-                            "--out", str(out)], "server.log")
+            server = spawn(
+                [
+                    "server",
+                    "--port",
+                    str(port),
+                    "--clients",
+                    str(CLIENTS),
+                    "--rounds",
+                    str(rounds),
+                    "--out",
+                    str(out),
+                ],
+                "server.log",
+            )
             deadline = time.monotonic() + 120
             while not _port_open(port):
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"Flower server did not start: {(work / 'server.log').read_text()[-2000:]}")
+                    raise RuntimeError(
+                        f"Flower server did not start: {(work / 'server.log').read_text()[-2000:]}"
+                    )
                 time.sleep(0.05)
             overrides = sum((["--set", item] for item in _overrides(rounds)), [])
             for cid in range(CLIENTS):
-                spawn(["client", "--port", str(proxy.port), "--id", str(cid), "--config", CONFIG, *overrides],
-                      f"client-{cid}.log")
+                spawn(
+                    [
+                        "client",
+                        "--port",
+                        str(proxy.port),
+                        "--id",
+                        str(cid),
+                        "--config",
+                        CONFIG,
+                        *overrides,
+                    ],
+                    f"client-{cid}.log",
+                )
             server.wait(timeout=3600)
             for child in children:
                 child.wait(timeout=60)
@@ -126,20 +175,29 @@ def run_flower(rounds: int, index: int) -> dict[str, Any]:
     result = json.loads(out.read_text())
     starts = {m["round"]: m["fit_configured"] for m in result["marks"] if "fit_configured" in m}
     ends = {m["round"]: m["evaluated"] for m in result["marks"] if "evaluated" in m}
-    cycles = [(starts.get(t + 1) or ends[t]) - starts[t] for t in sorted(starts) if t > 1 and t in ends]
+    cycles = [
+        (starts.get(t + 1) or ends[t]) - starts[t] for t in sorted(starts) if t > 1 and t in ends
+    ]
     accuracies = [m["mean_accuracy"] for m in result["marks"] if "mean_accuracy" in m]
     total = proxy.up + proxy.down
-    return {"wall_s": wall, "round_s": stats(cycles), "client_bytes": total,
-            "client_bytes_per_client_round": total / (CLIENTS * rounds), "flwr": result["flwr"],
-            "mean_accuracy_last5": statistics.mean(accuracies[-5:]) if accuracies else None}
+    return {
+        "wall_s": wall,
+        "round_s": stats(cycles),
+        "client_bytes": total,
+        "client_bytes_per_client_round": total / (CLIENTS * rounds),
+        "flwr": result["flwr"],
+        "mean_accuracy_last5": statistics.mean(accuracies[-5:]) if accuracies else None,
+    }
 
 
 def run(quick: bool) -> dict[str, Any]:
     why = flower_available()
     if why is not None:
-        message = (f"skipped: Flower is not installed ({why}). Install it with: python3 -m venv .venv-bench && "
-                   ".venv-bench/bin/python -m pip install 'torch==2.13.0' && "
-                   ".venv-bench/bin/python -m pip install -e '.[images]' -r benchmarks/requirements.txt")
+        message = (
+            f"skipped: Flower is not installed ({why}). Install it with: python3 -m venv .venv-bench && "
+            ".venv-bench/bin/python -m pip install 'torch==2.13.0' && "
+            ".venv-bench/bin/python -m pip install -e '.[images]' -r benchmarks/requirements.txt"
+        )
         log(message)
         return {"skipped": message}
     rounds = 3 if quick else 10
@@ -157,17 +215,28 @@ def run(quick: bool) -> dict[str, Any]:
 
     wall_ratio = median(mqttfl_runs, "wall_s") / median(flower_runs, "wall_s")
     round_ratio = median(mqttfl_runs, "round_s") / median(flower_runs, "round_s")
-    bytes_ratio = median(mqttfl_runs, "client_bytes_per_client_round") / median(flower_runs,
-                                                                               "client_bytes_per_client_round")
-    log(f"peer: wall ratio {wall_ratio:.3f}, round ratio {round_ratio:.3f}, bytes ratio {bytes_ratio:.3f}")
+    bytes_ratio = median(mqttfl_runs, "client_bytes_per_client_round") / median(
+        flower_runs, "client_bytes_per_client_round"
+    )
+    log(
+        f"peer: wall ratio {wall_ratio:.3f}, round ratio {round_ratio:.3f}, bytes ratio {bytes_ratio:.3f}"
+    )
     return {
         "what": "FedAvg, LargeConvNet4, 6 synthetic CSI clients, 1 local epoch, same rounds and training code, "
-                "in mqttfl and in Flower (gRPC start_server/start_client) on 127.0.0.1; ratios are mqttfl/Flower",
-        "rounds": rounds, "clients": CLIENTS, "repeats": repeats,
-        "goal": {"text": "mqttfl is no slower (wall-time ratio <= 1)", "figure": wall_ratio,
-                 "met": wall_ratio <= 1.0},
-        "wall_time_ratio": wall_ratio, "round_time_ratio": round_ratio, "bytes_ratio": bytes_ratio,
-        "mqttfl": mqttfl_runs, "flower": flower_runs,
+        "in mqttfl and in Flower (gRPC start_server/start_client) on 127.0.0.1; ratios are mqttfl/Flower",
+        "rounds": rounds,
+        "clients": CLIENTS,
+        "repeats": repeats,
+        "goal": {
+            "text": "mqttfl is no slower (wall-time ratio <= 1)",
+            "figure": wall_ratio,
+            "met": wall_ratio <= 1.0,
+        },
+        "wall_time_ratio": wall_ratio,
+        "round_time_ratio": round_ratio,
+        "bytes_ratio": bytes_ratio,
+        "mqttfl": mqttfl_runs,
+        "flower": flower_runs,
     }
 
 

@@ -33,23 +33,36 @@ def run(quick: bool) -> dict[str, Any]:
         result = run_federation(CONFIG, overrides, WORK / f"round-{method}")
         timeline = round_timeline(result.out)
         steady = [r for r in timeline if r["round"] > 1]
-        rows.append({
-            "method": method, "config": CONFIG, "overrides": overrides, "wall_s": result.wall_s,
-            "ratio": stats(r["ratio"] for r in steady),
-            "cycle_s": stats(r["cycle_s"] for r in steady),
-            "slowest_training_s": stats(r["slowest_training_s"] for r in steady),
-            "ratio_vs_eval_plus_training": stats(r["ratio_vs_eval_plus_training"] for r in steady),
-            "coordinator_turnaround_s": stats(r["coordinator_turnaround_s"] for r in steady
-                                              if "coordinator_turnaround_s" in r),
-            "per_round": timeline,
-        })
+        rows.append(
+            {
+                "method": method,
+                "config": CONFIG,
+                "overrides": overrides,
+                "wall_s": result.wall_s,
+                "ratio": stats(r["ratio"] for r in steady),
+                "cycle_s": stats(r["cycle_s"] for r in steady),
+                "slowest_training_s": stats(r["slowest_training_s"] for r in steady),
+                "ratio_vs_eval_plus_training": stats(
+                    r["ratio_vs_eval_plus_training"] for r in steady
+                ),
+                "coordinator_turnaround_s": stats(
+                    r["coordinator_turnaround_s"] for r in steady if "coordinator_turnaround_s" in r
+                ),
+                "per_round": timeline,
+            }
+        )
         log(f"round {method}: median ratio {rows[-1]['ratio'].get('median', float('nan')):.3f}")
     figure = max(r["ratio"]["median"] for r in rows if r["ratio"].get("n"))
     return {
         "what": "median over rounds 2.. of (round.started(t) -> round.started(t+1)) / slowest client's "
-                "upload.sent seconds, in a real local federation",
-        "goal": {"text": "at most 1.10", "limit": GOAL, "figure": figure, "met": figure <= GOAL,
-                 "figure_is": "the larger of the methods' medians"},
+        "upload.sent seconds, in a real local federation",
+        "goal": {
+            "text": "at most 1.10",
+            "limit": GOAL,
+            "figure": figure,
+            "met": figure <= GOAL,
+            "figure_is": "the larger of the methods' medians",
+        },
         "methods": rows,
     }
 

@@ -9,7 +9,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -66,15 +66,21 @@ def _mosquitto_version() -> str | None:
 
 
 def now_utc() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def write_result(name: str, data: dict[str, Any], *, quick: bool, command: str) -> Path:
     """Write benchmarks/results/<name>.json (with machine, date and command) and return it."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}{'-quick' if quick else ''}.json"
-    document = {"benchmark": name, "quick": quick, "date": now_utc(), "command": command,
-                "machine": machine(), **data}
+    document = {
+        "benchmark": name,
+        "quick": quick,
+        "date": now_utc(),
+        "command": command,
+        "machine": machine(),
+        **data,
+    }
     path.write_text(json.dumps(document, indent=2, sort_keys=False, default=_json_default) + "\n")
     return path
 
@@ -103,7 +109,9 @@ def stats(values: Iterable[float]) -> dict[str, float]:
     }
 
 
-def time_calls(fn: Callable[[], Any], *, repeats: int, warmup: int = 1, min_time_s: float = 0.0) -> list[float]:
+def time_calls(
+    fn: Callable[[], Any], *, repeats: int, warmup: int = 1, min_time_s: float = 0.0
+) -> list[float]:
     """Seconds per call of ``fn``, ``repeats`` times (after ``warmup`` untimed calls).
 
     With ``min_time_s`` each sample loops ``fn`` until that long has passed and reports
@@ -161,13 +169,21 @@ def bench_main(name: str, description: str, run: Callable[[bool], dict[str, Any]
 
 def _write_run(name: str, run: Callable[[bool], dict[str, Any]], quick: bool) -> None:
     os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
-    path = write_result(name, run(quick), quick=quick,
-                        command=f"python -m benchmarks.bench_{name}{' --quick' if quick else ''}")
+    path = write_result(
+        name,
+        run(quick),
+        quick=quick,
+        command=f"python -m benchmarks.bench_{name}{' --quick' if quick else ''}",
+    )
     log(f"wrote {path}")
 
 
-def child_process_main(name: str, description: str, measure: Callable[[bool], Any],
-                       run: Callable[[bool], dict[str, Any]]) -> None:
+def child_process_main(
+    name: str,
+    description: str,
+    measure: Callable[[bool], Any],
+    run: Callable[[bool], dict[str, Any]],
+) -> None:
     """The command line of a benchmark that measures in a fresh child process.
 
     ``--child`` prints ``measure(quick)`` as JSON (the parent's ``run`` starts it);

@@ -49,12 +49,16 @@ class CountingProxy:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, self.host, 0))
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._handle, self.host, 0)
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str
+    ) -> None:
         try:
             while True:
                 data = await reader.read(1 << 20)
@@ -74,15 +78,21 @@ class CountingProxy:
             except RuntimeError:
                 pass
 
-    async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+    async def _handle(
+        self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
+    ) -> None:
         self.connections += 1
         try:
-            server_reader, server_writer = await asyncio.open_connection(self.host, self.target_port)
+            server_reader, server_writer = await asyncio.open_connection(
+                self.host, self.target_port
+            )
         except OSError:
             client_writer.close()
             return
-        await asyncio.gather(self._pipe(client_reader, server_writer, "up"),
-                             self._pipe(server_reader, client_writer, "down"))
+        await asyncio.gather(
+            self._pipe(client_reader, server_writer, "up"),
+            self._pipe(server_reader, client_writer, "down"),
+        )
 
 
 @dataclass
@@ -116,11 +126,17 @@ class Sniffer:
             return  # a cleared retained broadcast
         parts = message.topic.split("/")
         body = decode(payload).body
-        self.records.append({
-            "kind": parts[4], "round": int(parts[3]), "client": parts[5], "topic_bytes": len(message.topic),
-            "bytes": len(payload), "array_bytes": _content_bytes(body),
-            "fields": sorted(str(k) for k in body),
-        })
+        self.records.append(
+            {
+                "kind": parts[4],
+                "round": int(parts[3]),
+                "client": parts[5],
+                "topic_bytes": len(message.topic),
+                "bytes": len(payload),
+                "array_bytes": _content_bytes(body),
+                "fields": sorted(str(k) for k in body),
+            }
+        )
 
 
 def _content_bytes(value: Any) -> int:
@@ -149,8 +165,14 @@ class FederationResult:
     proxy: dict[str, int] | None
 
 
-def run_federation(config: str, overrides: list[str], out: Path, *, sniff: bool = False,
-                   count_client_bytes: bool = False) -> FederationResult:
+def run_federation(
+    config: str,
+    overrides: list[str],
+    out: Path,
+    *,
+    sniff: bool = False,
+    count_client_bytes: bool = False,
+) -> FederationResult:
     """Run one whole local federation (`mqttfl run` in-process) and return its outputs."""
     from mqttfl.config import load_config
     from mqttfl.logs import configure_logging
@@ -169,8 +191,14 @@ def run_federation(config: str, overrides: list[str], out: Path, *, sniff: bool 
                 sniffer = Sniffer(broker.port).__enter__()
             if count_client_bytes:
                 proxy = CountingProxy(broker.port).__enter__()
-            federation = _Federation(cfg, config, overrides, out, broker.url,
-                                     client_broker_url=f"mqtt://127.0.0.1:{proxy.port}" if proxy else None)
+            federation = _Federation(
+                cfg,
+                config,
+                overrides,
+                out,
+                broker.url,
+                client_broker_url=f"mqtt://127.0.0.1:{proxy.port}" if proxy else None,
+            )
             began = time.monotonic()
             summary = federation.run()
             wall = time.monotonic() - began
@@ -179,10 +207,17 @@ def run_federation(config: str, overrides: list[str], out: Path, *, sniff: bool 
                 sniffer.__exit__(None, None, None)
             if proxy is not None:
                 proxy.__exit__(None, None, None)
-    log(f"federation {cfg.run_id} ({cfg.method}, {cfg.federation.num_clients} clients, {cfg.rounds} rounds) "
-        f"took {wall:.1f} s")
-    return FederationResult(out, summary, wall, sniffer.records if sniffer else [],
-                            {"up": proxy.up, "down": proxy.down, "connections": proxy.connections} if proxy else None)
+    log(
+        f"federation {cfg.run_id} ({cfg.method}, {cfg.federation.num_clients} clients, {cfg.rounds} rounds) "
+        f"took {wall:.1f} s"
+    )
+    return FederationResult(
+        out,
+        summary,
+        wall,
+        sniffer.records if sniffer else [],
+        {"up": proxy.up, "down": proxy.down, "connections": proxy.connections} if proxy else None,
+    )
 
 
 def _federation_class() -> type:
@@ -235,20 +270,31 @@ def round_timeline(out: Path) -> list[dict[str, Any]]:
     busy: dict[int, list[float]] = defaultdict(list)
     for path in sorted(logs.glob("client-*.jsonl")):
         events = read_jsonl(path)
-        evaluated = {e["round"]: event_time(e) for e in events if e.get("event") == "round.evaluated"}
+        evaluated = {
+            e["round"]: event_time(e) for e in events if e.get("event") == "round.evaluated"
+        }
         for e in events:
             if e.get("event") == "upload.sent" and "seconds" in e:
                 t = e["round"]
                 training[t].append(float(e["seconds"]))
-                before = max(0.0, evaluated[t - 1] - closed[t - 1]) if t - 1 in evaluated and t - 1 in closed else 0.0
+                before = (
+                    max(0.0, evaluated[t - 1] - closed[t - 1])
+                    if t - 1 in evaluated and t - 1 in closed
+                    else 0.0
+                )
                 busy[t].append(before + float(e["seconds"]))
     rows = []
     for t in sorted(started):
         end = started.get(t + 1, closed.get(t))
         if end is None or not training.get(t):
             continue
-        row = {"round": t, "cycle_s": end - started[t], "slowest_training_s": max(training[t]),
-               "median_training_s": sorted(training[t])[len(training[t]) // 2], "clients": len(training[t])}
+        row = {
+            "round": t,
+            "cycle_s": end - started[t],
+            "slowest_training_s": max(training[t]),
+            "median_training_s": sorted(training[t])[len(training[t]) // 2],
+            "clients": len(training[t]),
+        }
         row["ratio"] = row["cycle_s"] / row["slowest_training_s"]
         row["slowest_eval_plus_training_s"] = max(busy[t])
         row["ratio_vs_eval_plus_training"] = row["cycle_s"] / max(busy[t])

@@ -42,20 +42,35 @@ def serve(args: argparse.Namespace) -> int:
 
         def aggregate_evaluate(self, server_round: int, results: Any, failures: Any) -> Any:
             accuracies = [r.metrics.get("accuracy", 0.0) for _, r in results]
-            marks.append({"round": server_round, "evaluated": time.time(),
-                          "mean_accuracy": sum(accuracies) / max(len(accuracies), 1),
-                          "failures": len(failures)})
+            marks.append(
+                {
+                    "round": server_round,
+                    "evaluated": time.time(),
+                    "mean_accuracy": sum(accuracies) / max(len(accuracies), 1),
+                    "failures": len(failures),
+                }
+            )
             return super().aggregate_evaluate(server_round, results, failures)
 
     n = args.clients
-    strategy = TimedFedAvg(fraction_fit=1.0, fraction_evaluate=1.0, min_fit_clients=n,
-                           min_evaluate_clients=n, min_available_clients=n,
-                           on_fit_config_fn=lambda r: {"server_round": r})
+    strategy = TimedFedAvg(
+        fraction_fit=1.0,
+        fraction_evaluate=1.0,
+        min_fit_clients=n,
+        min_evaluate_clients=n,
+        min_available_clients=n,
+        on_fit_config_fn=lambda r: {"server_round": r},
+    )
     began = time.time()
-    start_server(server_address=f"127.0.0.1:{args.port}", config=ServerConfig(num_rounds=args.rounds),
-                 strategy=strategy)
-    Path(args.out).write_text(json.dumps({"flwr": flwr.__version__, "began": began, "ended": time.time(),
-                                          "marks": marks}) + "\n")
+    start_server(
+        server_address=f"127.0.0.1:{args.port}",
+        config=ServerConfig(num_rounds=args.rounds),
+        strategy=strategy,
+    )
+    Path(args.out).write_text(
+        json.dumps({"flwr": flwr.__version__, "began": began, "ended": time.time(), "marks": marks})
+        + "\n"
+    )
     return 0
 
 
@@ -75,13 +90,21 @@ def client(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     torch.set_num_threads(config.train.torch_threads)
     cid = args.id
-    shard = load_client_shard(config.data, cid, seed=config.seed, num_classes=config.model.num_classes,
-                              num_clients=config.federation.num_clients)
+    shard = load_client_shard(
+        config.data,
+        cid,
+        seed=config.seed,
+        num_classes=config.model.num_classes,
+        num_clients=config.federation.num_clients,
+    )
     torch.manual_seed(config.seed)  # identical initial weights, as ClientRunner does
     sample_shape = tuple(int(n) for n in shard.x_train.shape[1:])
-    model = build_model(config.model.arch_for(int(cid)), num_classes=config.model.num_classes,
-                        embed_dim=config.model.embed_dim,
-                        input_dim=sample_shape[0] if len(sample_shape) == 1 else None)
+    model = build_model(
+        config.model.arch_for(int(cid)),
+        num_classes=config.model.num_classes,
+        embed_dim=config.model.embed_dim,
+        input_dim=sample_shape[0] if len(sample_shape) == 1 else None,
+    )
     optimizer = make_optimizer(model, config.train)
     names = [name for name, _ in _float_entries(model)]
 
@@ -90,8 +113,10 @@ def client(args: argparse.Namespace) -> int:
         return [state[name].detach().numpy().copy() for name in names]
 
     def set_weights(arrays: list[np.ndarray]) -> None:
-        model.load_state_dict({name: torch.from_numpy(np.array(a)) for name, a in zip(names, arrays, strict=True)},
-                              strict=False)
+        model.load_state_dict(
+            {name: torch.from_numpy(np.array(a)) for name, a in zip(names, arrays, strict=True)},
+            strict=False,
+        )
 
     class PeerClient(NumPyClient):  # type: ignore[misc]
         def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
@@ -102,19 +127,32 @@ def client(args: argparse.Namespace) -> int:
             if t > 1:  # round 1 starts from the common seeded initialization, as in mqttfl
                 set_weights(parameters)
             rng = np.random.default_rng([cfg.seed, len(shard.y_train), t, int(cid)])
-            loss = train_epochs(model, optimizer, shard.x_train, shard.y_train,
-                                lambda logits, z, y: torch.nn.functional.cross_entropy(logits, y),
-                                epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size, rng=rng)
+            loss = train_epochs(
+                model,
+                optimizer,
+                shard.x_train,
+                shard.y_train,
+                lambda logits, z, y: torch.nn.functional.cross_entropy(logits, y),
+                epochs=cfg.train.local_epochs,
+                batch_size=cfg.train.batch_size,
+                rng=rng,
+            )
             return get_weights(), len(shard.y_train), {"train_loss": float(loss)}
 
         def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]) -> Any:
             set_weights(parameters)
-            report = classification_report(shard.y_test, predict_logits(model, shard.x_test).argmax(axis=1))
+            report = classification_report(
+                shard.y_test, predict_logits(model, shard.x_test).argmax(axis=1)
+            )
             return 0.0, len(shard.y_test), report
 
     cfg = config
-    start_client(server_address=f"127.0.0.1:{args.port}", client=PeerClient().to_client(), insecure=True,
-                 max_wait_time=120)
+    start_client(
+        server_address=f"127.0.0.1:{args.port}",
+        client=PeerClient().to_client(),
+        insecure=True,
+        max_wait_time=120,
+    )
     return 0
 
 

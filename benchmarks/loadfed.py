@@ -34,14 +34,32 @@ from benchmarks.common import REPO, WORK, log
 LOADPUB = [sys.executable, "-m", "benchmarks.loadpub"]
 
 
-def _start_load(broker_url: str, run: str, n: int, rounds: int, out: Path, *,
-                wait_finished: bool) -> subprocess.Popen[str]:
-    cmd = [*LOADPUB, "--broker", broker_url, "--run", run, "--clients", str(n), "--rounds", str(rounds),
-           "--out", str(out)]
+def _start_load(
+    broker_url: str, run: str, n: int, rounds: int, out: Path, *, wait_finished: bool
+) -> subprocess.Popen[str]:
+    cmd = [
+        *LOADPUB,
+        "--broker",
+        broker_url,
+        "--run",
+        run,
+        "--clients",
+        str(n),
+        "--rounds",
+        str(rounds),
+        "--out",
+        str(out),
+    ]
     if wait_finished:
         cmd.append("--wait-finished")
-    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _wait_ready(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
@@ -52,7 +70,9 @@ def _wait_ready(process: subprocess.Popen[str], timeout: float) -> dict[str, Any
         if line:
             return json.loads(line)  # type: ignore[no-any-return]
         if process.poll() is not None:
-            raise RuntimeError(f"load publisher exited: {process.stderr.read() if process.stderr else ''}")
+            raise RuntimeError(
+                f"load publisher exited: {process.stderr.read() if process.stderr else ''}"
+            )
     raise RuntimeError("load publisher did not get ready")
 
 
@@ -131,11 +151,21 @@ def coordinator_under_load(n: int, rounds: int) -> dict[str, Any]:
         shutil.rmtree(work)
     work.mkdir(parents=True)
     run_id = f"bench-load-{n}"
-    config = load_config(None, [
-        f"run_id={run_id}", "method=fedapa", f"rounds={rounds}", f"federation.num_clients={n}",
-        "federation.min_clients=1", "federation.round_timeout_s=300", "federation.join_timeout_s=300",
-        "federation.final_metrics_timeout_s=0.2", "model.num_classes=21", "model.embed_dim=256",
-    ])
+    config = load_config(
+        None,
+        [
+            f"run_id={run_id}",
+            "method=fedapa",
+            f"rounds={rounds}",
+            f"federation.num_clients={n}",
+            "federation.min_clients=1",
+            "federation.round_timeout_s=300",
+            "federation.join_timeout_s=300",
+            "federation.final_metrics_timeout_s=0.2",
+            "model.num_classes=21",
+            "model.embed_dim=256",
+        ],
+    )
     # As `mqttfl coordinator` does: everything to the JSON file, warnings to the console.
     configure_logging(work / "logs" / "coordinator.jsonl", level="debug", console_level="warning")
     with LocalBroker(work / "broker") as broker:
@@ -143,7 +173,9 @@ def coordinator_under_load(n: int, rounds: int) -> dict[str, Any]:
         process = _start_load(broker.url, run_id, n, rounds, load_out, wait_finished=True)
         try:
             ready = _wait_ready(process, timeout=300)
-            coordinator = _make_timed_coordinator(config, BrokerAddress.parse(broker.url), work / "run")
+            coordinator = _make_timed_coordinator(
+                config, BrokerAddress.parse(broker.url), work / "run"
+            )
             began = time.monotonic()
             summary = asyncio.run(coordinator.run())
             elapsed = time.monotonic() - began
@@ -157,11 +189,17 @@ def coordinator_under_load(n: int, rounds: int) -> dict[str, Any]:
         accepted = sorted(coordinator.accepted_at.get(t, []))
         marks = coordinator.marks.get(t, {})
         following = coordinator.marks.get(t + 1, {})
-        row: dict[str, Any] = {"round": t, "uploads_sent": record["uploads"], "uploads_accepted": len(accepted),
-                               "upload_bytes": record["bytes_each"]}
+        row: dict[str, Any] = {
+            "round": t,
+            "uploads_sent": record["uploads"],
+            "uploads_accepted": len(accepted),
+            "upload_bytes": record["bytes_each"],
+        }
         if accepted:
             last = accepted[-1]
-            row["fanin_s"] = last - record["t_publish"]  # first upload handed to MQTT -> last validated
+            row["fanin_s"] = (
+                last - record["t_publish"]
+            )  # first upload handed to MQTT -> last validated
             row["publish_acked_s"] = record["t_acked"] - record["t_publish"]
             row["receive_spread_s"] = last - accepted[0]
             if "downlinks_published" in marks:
@@ -174,12 +212,22 @@ def coordinator_under_load(n: int, rounds: int) -> dict[str, Any]:
                 row["overhead_next_start_s"] = following["start_published"] - last
             if record.get("t_last_personal") is not None:
                 row["personal_received"] = record["personal_received"]
-                row["last_upload_to_personal_downlinks_received_s"] = record["t_last_personal"] - last
+                row["last_upload_to_personal_downlinks_received_s"] = (
+                    record["t_last_personal"] - last
+                )
         rows.append(row)
-    log(f"coordinator under load: N={n}, {rounds} rounds in {elapsed:.1f} s, "
-        f"rejections {summary['rejections'] or 'none'}")
-    return {"n": n, "rounds": rows, "connect_seconds": ready["connect_seconds"], "elapsed_s": elapsed,
-            "rejections": summary["rejections"], "load_process_imported_torch": load["torch_imported"]}
+    log(
+        f"coordinator under load: N={n}, {rounds} rounds in {elapsed:.1f} s, "
+        f"rejections {summary['rejections'] or 'none'}"
+    )
+    return {
+        "n": n,
+        "rounds": rows,
+        "connect_seconds": ready["connect_seconds"],
+        "elapsed_s": elapsed,
+        "rejections": summary["rejections"],
+        "load_process_imported_torch": load["torch_imported"],
+    }
 
 
 @cache
@@ -202,14 +250,24 @@ def raw_fanin(n: int, rounds: int) -> dict[str, Any]:
             last_seen: dict[int, float] = {}
 
             async def drive() -> None:
-                async with aiomqtt.Client("127.0.0.1", broker.port, identifier=f"{run_id}-sink",
-                                          max_inflight_messages=100) as sink:
+                async with aiomqtt.Client(
+                    "127.0.0.1", broker.port, identifier=f"{run_id}-sink", max_inflight_messages=100
+                ) as sink:
                     await sink.subscribe(f"{base}/round/+/up/+", qos=1)
                     counts: dict[int, int] = defaultdict(int)
                     for t in range(1, rounds + 1):
-                        start = encode("start", run_id, t, "coordinator",
-                                       {"selected": [str(i) for i in range(n)], "deadline": time.time() + 60,
-                                        "params": {}, "attempt": 1})
+                        start = encode(
+                            "start",
+                            run_id,
+                            t,
+                            "coordinator",
+                            {
+                                "selected": [str(i) for i in range(n)],
+                                "deadline": time.time() + 60,
+                                "params": {},
+                                "attempt": 1,
+                            },
+                        )
                         await sink.publish(f"{base}/round/{t}/start", start, qos=1)
                         async with asyncio.timeout(120):
                             async for message in sink.messages:
@@ -225,6 +283,13 @@ def raw_fanin(n: int, rounds: int) -> dict[str, Any]:
         finally:
             if process.poll() is None:
                 os.killpg(process.pid, 9)
-    rows = [{"round": r["round"], "fanin_s": last_seen[r["round"]] - r["t_publish"],
-             "publish_acked_s": r["t_acked"] - r["t_publish"]} for r in load["rounds"] if r["round"] in last_seen]
+    rows = [
+        {
+            "round": r["round"],
+            "fanin_s": last_seen[r["round"]] - r["t_publish"],
+            "publish_acked_s": r["t_acked"] - r["t_publish"],
+        }
+        for r in load["rounds"]
+        if r["round"] in last_seen
+    ]
     return {"n": n, "rounds": rows}

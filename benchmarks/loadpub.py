@@ -40,18 +40,32 @@ ARRAY_EXT = 1
 
 def _array(value: np.ndarray) -> msgpack.ExtType:
     wire = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
-    return msgpack.ExtType(ARRAY_EXT, msgpack.packb([wire.dtype.str, list(wire.shape), wire.tobytes()]))
+    return msgpack.ExtType(
+        ARRAY_EXT, msgpack.packb([wire.dtype.str, list(wire.shape), wire.tobytes()])
+    )
 
 
 def encode(kind: str, run: str, t: int, sender: str, body: dict[str, Any]) -> bytes:
     """One message in mqttfl's wire format (see mqttfl/wire/codec.py)."""
-    envelope = {"v": SCHEMA_VERSION, "type": kind, "run": run, "round": t, "sender": sender, "body": body}
+    envelope = {
+        "v": SCHEMA_VERSION,
+        "type": kind,
+        "run": run,
+        "round": t,
+        "sender": sender,
+        "body": body,
+    }
     return msgpack.packb(envelope, default=_array, use_bin_type=True)
 
 
 def status_online(run: str, client: str, classes: int, samples: int) -> bytes:
-    body = {"state": "online", "arch": "large", "classes": list(range(classes)), "num_samples": samples,
-            "sample_shape": [1, 24, 242]}
+    body = {
+        "state": "online",
+        "arch": "large",
+        "classes": list(range(classes)),
+        "num_samples": samples,
+        "sample_shape": [1, 24, 242],
+    }
     return encode("status", run, 0, client, body)
 
 
@@ -80,8 +94,15 @@ class LoadClients:
         self.listening = asyncio.Event()
 
     def _client(self, identifier: str) -> aiomqtt.Client:
-        return aiomqtt.Client(self.host, self.port, identifier=identifier, clean_session=True,
-                              keepalive=120, timeout=60, max_inflight_messages=100)
+        return aiomqtt.Client(
+            self.host,
+            self.port,
+            identifier=identifier,
+            clean_session=True,
+            keepalive=120,
+            timeout=60,
+            max_inflight_messages=100,
+        )
 
     def _no_delay(self, client: aiomqtt.Client) -> None:
         """TCP_NODELAY, as mqttfl's transport sets it (paho leaves Nagle on)."""
@@ -109,11 +130,22 @@ class LoadClients:
         mine = [cid for cid in selected if cid in self.clients]
         payloads = {cid: encode("upload", self.args.run, t, cid, self.bodies[cid]) for cid in mine}
         t_publish = time.monotonic()
-        await asyncio.gather(*(self.clients[cid].publish(f"{self.base}/round/{t}/up/{cid}", payloads[cid], qos=1)
-                               for cid in mine))
+        await asyncio.gather(
+            *(
+                self.clients[cid].publish(f"{self.base}/round/{t}/up/{cid}", payloads[cid], qos=1)
+                for cid in mine
+            )
+        )
         t_acked = time.monotonic()
-        self.rounds.append({"round": t, "uploads": len(mine), "t_publish": t_publish, "t_acked": t_acked,
-                            "bytes_each": len(next(iter(payloads.values()))) if payloads else 0})
+        self.rounds.append(
+            {
+                "round": t,
+                "uploads": len(mine),
+                "t_publish": t_publish,
+                "t_acked": t_acked,
+                "bytes_each": len(next(iter(payloads.values()))) if payloads else 0,
+            }
+        )
 
     async def _control(self) -> None:
         async with self._client(f"load-{self.args.run}-control") as control:
@@ -136,7 +168,11 @@ class LoadClients:
                 if any(r["round"] == t for r in self.rounds):
                     continue  # a re-announced round: already uploaded
                 await self._on_start(t, [str(c) for c in body.get("selected", self.ids)])
-                if self.args.rounds and len(self.rounds) >= self.args.rounds and not self.args.wait_finished:
+                if (
+                    self.args.rounds
+                    and len(self.rounds) >= self.args.rounds
+                    and not self.args.wait_finished
+                ):
                     self.done.set()
                     return
 
@@ -150,11 +186,23 @@ class LoadClients:
 
         await asyncio.gather(*(connect(cid) for cid in self.ids))
         connected = time.monotonic() - began
-        readers = [asyncio.create_task(self._read_personal(cid)) for cid in self.ids] if self.args.personal else []
+        readers = (
+            [asyncio.create_task(self._read_personal(cid)) for cid in self.ids]
+            if self.args.personal
+            else []
+        )
         control = asyncio.create_task(self._control())
         await asyncio.wait_for(self.listening.wait(), timeout=60)
-        sys.stdout.write(json.dumps({"ready": True, "clients": len(self.clients),
-                                     "connect_seconds": round(connected, 3)}) + "\n")
+        sys.stdout.write(
+            json.dumps(
+                {
+                    "ready": True,
+                    "clients": len(self.clients),
+                    "connect_seconds": round(connected, 3),
+                }
+            )
+            + "\n"
+        )
         sys.stdout.flush()
         try:
             await asyncio.wait_for(self.done.wait(), timeout=self.args.timeout)
@@ -173,8 +221,12 @@ class LoadClients:
         for record in self.rounds:
             record["personal_received"] = self.personal_seen.get(record["round"], 0)
             record["t_last_personal"] = self.personal_last.get(record["round"])
-        return {"clients": len(self.clients), "connect_seconds": connected, "rounds": self.rounds,
-                "torch_imported": "torch" in sys.modules}
+        return {
+            "clients": len(self.clients),
+            "connect_seconds": connected,
+            "rounds": self.rounds,
+            "torch_imported": "torch" in sys.modules,
+        }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -185,15 +237,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--classes", type=int, default=21)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--samples", type=int, default=100, help="announced sample count")
-    parser.add_argument("--rounds", type=int, default=0, help="stop after this many rounds (0: until finished)")
-    parser.add_argument("--wait-finished", action="store_true", help="after --rounds, still wait for 'finished'")
-    parser.add_argument("--no-personal", dest="personal", action="store_false",
-                        help="do not subscribe to personal downlinks")
+    parser.add_argument(
+        "--rounds", type=int, default=0, help="stop after this many rounds (0: until finished)"
+    )
+    parser.add_argument(
+        "--wait-finished", action="store_true", help="after --rounds, still wait for 'finished'"
+    )
+    parser.add_argument(
+        "--no-personal",
+        dest="personal",
+        action="store_false",
+        help="do not subscribe to personal downlinks",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--nagle", dest="nodelay", action="store_false",
-                        help="leave Nagle's algorithm on (paho's default) instead of TCP_NODELAY")
+    parser.add_argument(
+        "--nagle",
+        dest="nodelay",
+        action="store_false",
+        help="leave Nagle's algorithm on (paho's default) instead of TCP_NODELAY",
+    )
     parser.add_argument("--timeout", type=float, default=600.0)
-    parser.add_argument("--linger", type=float, default=0.5, help="seconds to keep reading after the end")
+    parser.add_argument(
+        "--linger", type=float, default=0.5, help="seconds to keep reading after the end"
+    )
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args(argv)
 

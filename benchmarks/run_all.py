@@ -21,7 +21,16 @@ from typing import Any
 
 from benchmarks.common import REPO, RESULTS, log, now_utc, write_result
 
-BENCHMARKS = ("codec", "aggregation", "fanin", "coordinator", "round", "bytes", "flower", "accuracy")
+BENCHMARKS = (
+    "codec",
+    "aggregation",
+    "fanin",
+    "coordinator",
+    "round",
+    "bytes",
+    "flower",
+    "accuracy",
+)
 
 
 def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -33,8 +42,11 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
     if (r := results.get("coordinator")) and "goal" in r:
         g = r["goal"]
-        add("coordinator overhead <= 20 ms at N=100",
-            f"{g['figure_s'] * 1000:.1f} ms" if g["figure_s"] is not None else "n/a", g["met"])
+        add(
+            "coordinator overhead <= 20 ms at N=100",
+            f"{g['figure_s'] * 1000:.1f} ms" if g["figure_s"] is not None else "n/a",
+            g["met"],
+        )
     if (r := results.get("aggregation")) and "goal" in r:
         g = r["goal"]
         add("FedAPA aggregation <= 200 ms at N=1000", f"{g['figure_s'] * 1000:.0f} ms", g["met"])
@@ -43,11 +55,18 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         add("round time / slowest training <= 1.10", f"{g['figure']:.3f}", g["met"])
     if (r := results.get("bytes")) and "goal" in r:
         g = r["goal"]
-        add("framing overhead <= 2%", f"{g['figure'] * 100:.2f}%" if g["figure"] is not None else "n/a", g["met"])
+        add(
+            "framing overhead <= 2%",
+            f"{g['figure'] * 100:.2f}%" if g["figure"] is not None else "n/a",
+            g["met"],
+        )
     if (r := results.get("flower")) and "goal" in r:
         g = r["goal"]
-        add("mqttfl no slower than Flower (wall ratio <= 1)",
-            f"{g['figure']:.3f} (bytes ratio {r['bytes_ratio']:.3f})", g["met"])
+        add(
+            "mqttfl no slower than Flower (wall ratio <= 1)",
+            f"{g['figure']:.3f} (bytes ratio {r['bytes_ratio']:.3f})",
+            g["met"],
+        )
     elif r and "skipped" in r:
         add("mqttfl no slower than Flower", r["skipped"], None)
     return rows
@@ -55,7 +74,9 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="run the mqttfl benchmarks")
-    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke check of every benchmark")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes: a smoke check of every benchmark"
+    )
     parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
     args = parser.parse_args()
     os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
@@ -63,8 +84,11 @@ def main() -> int:
     unknown = sorted(set(names) - set(BENCHMARKS))
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; known: {', '.join(BENCHMARKS)}")
-    command = "python -m benchmarks.run_all" + (" --quick" if args.quick else "") + (
-        f" --only {args.only}" if args.only else "")
+    command = (
+        "python -m benchmarks.run_all"
+        + (" --quick" if args.quick else "")
+        + (f" --only {args.only}" if args.only else "")
+    )
     results: dict[str, dict[str, Any]] = {}
     failed: dict[str, str] = {}
     began = time.monotonic()
@@ -84,9 +108,19 @@ def main() -> int:
         log(f"{name}: {data['seconds']:.0f} s -> {path}")
     table = goals(results)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"goals{'-quick' if args.quick else ''}.json").write_text(json.dumps(
-        {"date": now_utc(), "command": command, "seconds": time.monotonic() - began, "goals": table,
-         "failed": sorted(failed)}, indent=2) + "\n")
+    (RESULTS / f"goals{'-quick' if args.quick else ''}.json").write_text(
+        json.dumps(
+            {
+                "date": now_utc(),
+                "command": command,
+                "seconds": time.monotonic() - began,
+                "goals": table,
+                "failed": sorted(failed),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     sys.stdout.write("\n| goal | figure | met |\n|---|---|---|\n")
     for row in table:
         met = {True: "yes", False: "no", None: "skipped"}[row["met"]]

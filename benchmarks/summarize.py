@@ -31,68 +31,106 @@ def _median(value: dict[str, Any] | None) -> float:
 
 def _head(doc: dict[str, Any]) -> str:
     m = doc["machine"]
-    return (f"_{doc['date']}, `{doc['command']}`, load average at the end {m['load_average']}_\n")
+    return f"_{doc['date']}, `{doc['command']}`, load average at the end {m['load_average']}_\n"
 
 
 def fanin(doc: dict[str, Any]) -> list[str]:
-    lines = ["### Fan-in", "", _head(doc),
-             "| N | coordinator: received + validated (ms) | raw aiomqtt subscriber (ms) | publisher all acked (ms) |",
-             "|---|---|---|---|"]
+    lines = [
+        "### Fan-in",
+        "",
+        _head(doc),
+        "| N | coordinator: received + validated (ms) | raw aiomqtt subscriber (ms) | publisher all acked (ms) |",
+        "|---|---|---|---|",
+    ]
     for r in doc["sizes"]:
-        lines.append(f"| {r['n']} | {_ms(r['coordinator_fanin_s'])} | {_ms(r['raw_aiomqtt_fanin_s'])} | "
-                     f"{_ms(r['publisher_all_acked_s'])} |")
+        lines.append(
+            f"| {r['n']} | {_ms(r['coordinator_fanin_s'])} | {_ms(r['raw_aiomqtt_fanin_s'])} | "
+            f"{_ms(r['publisher_all_acked_s'])} |"
+        )
     return lines
 
 
 def coordinator(doc: dict[str, Any]) -> list[str]:
-    lines = ["### Coordinator overhead per round", "", _head(doc),
-             "| N | BLAS threads | last upload -> downlinks published (ms) | -> next start (ms) | aggregate | "
-             "checkpoint | publish downlinks |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "### Coordinator overhead per round",
+        "",
+        _head(doc),
+        "| N | BLAS threads | last upload -> downlinks published (ms) | -> next start (ms) | aggregate | "
+        "checkpoint | publish downlinks |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for label, key in (("default", "sizes"), ("1", "single_blas_thread_sizes")):
         for r in doc.get(key, []):
-            lines.append(f"| {r['n']} | {label} | {_ms(r['overhead_downlinks_s'])} | "
-                         f"{_ms(r['overhead_next_start_s'])} | "
-                         f"{_ms(r['aggregate_s'])} | {_ms(r.get('checkpoint_s'))} | {_ms(r['publish_downlinks_s'])} |")
+            lines.append(
+                f"| {r['n']} | {label} | {_ms(r['overhead_downlinks_s'])} | "
+                f"{_ms(r['overhead_next_start_s'])} | "
+                f"{_ms(r['aggregate_s'])} | {_ms(r.get('checkpoint_s'))} | {_ms(r['publish_downlinks_s'])} |"
+            )
     return lines
 
 
 def aggregation(doc: dict[str, Any]) -> list[str]:
-    lines = ["### FedAPA aggregation (C=21, d=256, personalized Q for every client)", "", _head(doc),
-             "| N | BLAS threads | server.aggregate median (ms) | min (ms) | CPU (ms) | core median (ms) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "### FedAPA aggregation (C=21, d=256, personalized Q for every client)",
+        "",
+        _head(doc),
+        "| N | BLAS threads | server.aggregate median (ms) | min (ms) | CPU (ms) | core median (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
     for label, key in (("default", "sizes"), ("1", "single_thread_sizes")):
         for r in doc.get(key, []):
-            lines.append(f"| {r['n']} | {label} | {_ms(r['server_aggregate_s'])} | "
-                         f"{_ms(r['server_aggregate_s'], 'min')} | "
-                         f"{_ms(r['server_aggregate_cpu_s'])} | {_ms(r['core_s'])} |")
+            lines.append(
+                f"| {r['n']} | {label} | {_ms(r['server_aggregate_s'])} | "
+                f"{_ms(r['server_aggregate_s'], 'min')} | "
+                f"{_ms(r['server_aggregate_cpu_s'])} | {_ms(r['core_s'])} |"
+            )
     return lines
 
 
 def codec(doc: dict[str, Any]) -> list[str]:
-    lines = ["### Codec", "", _head(doc),
-             "| payload | bytes | encode (ms/MB) | decode (ms/MB) | schema check (ms/MB) |", "|---|---|---|---|---|"]
+    lines = [
+        "### Codec",
+        "",
+        _head(doc),
+        "| payload | bytes | encode (ms/MB) | decode (ms/MB) | schema check (ms/MB) |",
+        "|---|---|---|---|---|",
+    ]
     for r in doc["payloads"]:
         check = f"{r['validate_ms_per_mb']['median']:.3f}" if "validate_ms_per_mb" in r else "-"
-        lines.append(f"| {r['payload']} | {r['bytes']:,} | {r['encode_ms_per_mb']['median']:.3f} | "
-                     f"{r['decode_ms_per_mb']['median']:.3f} | {check} |")
+        lines.append(
+            f"| {r['payload']} | {r['bytes']:,} | {r['encode_ms_per_mb']['median']:.3f} | "
+            f"{r['decode_ms_per_mb']['median']:.3f} | {check} |"
+        )
     return lines
 
 
 def round_(doc: dict[str, Any]) -> list[str]:
-    lines = ["### Whole round", "", _head(doc),
-             "| method | cycle (s) | slowest training (s) | ratio | ratio vs evaluation + training | "
-             "coordinator turnaround (ms) |", "|---|---|---|---|---|---|"]
+    lines = [
+        "### Whole round",
+        "",
+        _head(doc),
+        "| method | cycle (s) | slowest training (s) | ratio | ratio vs evaluation + training | "
+        "coordinator turnaround (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in doc["methods"]:
-        lines.append(f"| {r['method']} | {r['cycle_s']['median']:.3f} | {r['slowest_training_s']['median']:.3f} | "
-                     f"{r['ratio']['median']:.3f} | {_median(r.get('ratio_vs_eval_plus_training')):.3f} | "
-                     f"{_ms(r['coordinator_turnaround_s'])} |")
+        lines.append(
+            f"| {r['method']} | {r['cycle_s']['median']:.3f} | {r['slowest_training_s']['median']:.3f} | "
+            f"{r['ratio']['median']:.3f} | {_median(r.get('ratio_vs_eval_plus_training')):.3f} | "
+            f"{_ms(r['coordinator_turnaround_s'])} |"
+        )
     return lines
 
 
 def bytes_(doc: dict[str, Any]) -> list[str]:
-    lines = ["### Bytes per client-round", "", _head(doc),
-             "| method | model | up (KB) | down (KB) | Table V theory (KB) | measured / theory | framing up | "
-             "framing down | with MQTT header, worst |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "### Bytes per client-round",
+        "",
+        _head(doc),
+        "| method | model | up (KB) | down (KB) | Table V theory (KB) | measured / theory | framing up | "
+        "framing down | with MQTT header, worst |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in doc["methods"]:
         if "error" in r:
             lines.append(f"| {r['method']} | failed: {r['error'][:80]} |")
@@ -103,8 +141,11 @@ def bytes_(doc: dict[str, Any]) -> list[str]:
             value = wire.get(direction, {}).get(key)
             return f"{value * 100:.2f}%" if value is not None else "-"
 
-        worst = [v.get("framing_overhead_with_mqtt") for v in wire.values()
-                 if v.get("framing_overhead_with_mqtt") is not None]
+        worst = [
+            v.get("framing_overhead_with_mqtt")
+            for v in wire.values()
+            if v.get("framing_overhead_with_mqtt") is not None
+        ]
         theory = r.get("theoretical")
         theory_cell = f"{theory['bytes'] / 1000:.2f} ({theory['formula']})" if theory else "-"
         ratio_cell = f"{r['measured_over_theoretical']:.3f}" if theory else "-"
@@ -112,41 +153,73 @@ def bytes_(doc: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {r['method']} | {r['model']} | {r['up_bytes_per_client_round'] / 1000:.2f} | "
             f"{r['down_bytes_per_client_round'] / 1000:.2f} | {theory_cell} | {ratio_cell} | "
-            f"{pct('up')} | {pct('down')} | {worst_cell} |")
+            f"{pct('up')} | {pct('down')} | {worst_cell} |"
+        )
     return lines
 
 
 def flower(doc: dict[str, Any]) -> list[str]:
     if "skipped" in doc:
         return ["### Flower, side by side", "", doc["skipped"]]
-    lines = ["### Flower, side by side (FedAvg)", "", _head(doc),
-             "| | wall (s), per run | round (s), median per run | client bytes per client-round | "
-             "accuracy (last 5) |", "|---|---|---|---|---|"]
+    lines = [
+        "### Flower, side by side (FedAvg)",
+        "",
+        _head(doc),
+        "| | wall (s), per run | round (s), median per run | client bytes per client-round | "
+        "accuracy (last 5) |",
+        "|---|---|---|---|---|",
+    ]
     for name in ("mqttfl", "flower"):
         runs = doc[name]
         walls = ", ".join(f"{r['wall_s']:.1f}" for r in runs)
         rounds = ", ".join(f"{r['round_s']['median']:.2f}" for r in runs)
-        lines.append(f"| {name} | {walls} | {rounds} | {runs[0]['client_bytes_per_client_round'] / 1000:.0f} KB | "
-                     f"{runs[0]['mean_accuracy_last5']:.4f} |")
-    lines += ["", f"Ratios mqttfl / Flower (medians): wall time **{doc['wall_time_ratio']:.3f}**, round time "
-              f"**{doc['round_time_ratio']:.3f}**, bytes **{doc['bytes_ratio']:.3f}**."]
+        lines.append(
+            f"| {name} | {walls} | {rounds} | {runs[0]['client_bytes_per_client_round'] / 1000:.0f} KB | "
+            f"{runs[0]['mean_accuracy_last5']:.4f} |"
+        )
+    lines += [
+        "",
+        f"Ratios mqttfl / Flower (medians): wall time **{doc['wall_time_ratio']:.3f}**, round time "
+        f"**{doc['round_time_ratio']:.3f}**, bytes **{doc['bytes_ratio']:.3f}**.",
+    ]
     return lines
 
 
 def accuracy(doc: dict[str, Any]) -> list[str]:
-    lines = ["### Accuracy", "", _head(doc),
-             f"size {doc['size']}, seeds {doc['seeds']}, {doc['seconds'] / 60:.1f} min", ""]
+    lines = [
+        "### Accuracy",
+        "",
+        _head(doc),
+        f"size {doc['size']}, seeds {doc['seeds']}, {doc['seconds'] / 60:.1f} min",
+        "",
+    ]
     for name, data in doc["datasets"].items():
         if "skipped" in data:
             lines += [f"#### {name}: skipped ({data['skipped']})", ""]
             continue
-        lines += [f"#### {name} ({data['config']}, {' '.join(data['overrides'])})", "", "Table III", "",
-                  data["tables"]["table_iii"], "Table IV", "", data["tables"]["table_iv"]]
+        lines += [
+            f"#### {name} ({data['config']}, {' '.join(data['overrides'])})",
+            "",
+            "Table III",
+            "",
+            data["tables"]["table_iii"],
+            "Table IV",
+            "",
+            data["tables"]["table_iv"],
+        ]
     return lines
 
 
-SECTIONS = {"fanin": fanin, "coordinator": coordinator, "aggregation": aggregation, "codec": codec,
-            "round": round_, "bytes": bytes_, "flower": flower, "accuracy": accuracy}
+SECTIONS = {
+    "fanin": fanin,
+    "coordinator": coordinator,
+    "aggregation": aggregation,
+    "codec": codec,
+    "round": round_,
+    "bytes": bytes_,
+    "flower": flower,
+    "accuracy": accuracy,
+}
 
 
 def main() -> None:

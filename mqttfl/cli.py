@@ -25,8 +25,14 @@ def _add_config_args(parser: argparse.ArgumentParser, *, positional: bool = Fals
         parser.add_argument("config", help="run config (TOML)")
     else:
         parser.add_argument("--config", help="run config (TOML)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key, e.g. --set federation.num_clients=4")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set federation.num_clients=4",
+    )
     parser.add_argument("--broker", help="broker URL, e.g. mqtt://host:1883")
 
 
@@ -41,15 +47,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     coord = sub.add_parser("coordinator", help="run the coordinator against a broker")
     _add_config_args(coord)
-    coord.add_argument("--out", type=Path, required=True, help="run directory (resumes if it has a checkpoint)")
+    coord.add_argument(
+        "--out", type=Path, required=True, help="run directory (resumes if it has a checkpoint)"
+    )
     coord.set_defaults(func=cmd_coordinator)
 
     client = sub.add_parser("client", help="run one client device against a broker")
     _add_config_args(client)
     client.add_argument("--id", required=True, help="client id (picks the synthetic room)")
     client.add_argument("--data", type=Path, help="a prepared shard directory (overrides [data])")
-    client.add_argument("--state-dir", type=Path, default=Path("client-state"),
-                        help="where the client keeps its model between restarts")
+    client.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("client-state"),
+        help="where the client keeps its model between restarts",
+    )
     client.set_defaults(func=cmd_client)
 
     models = sub.add_parser("models", help="list models with parameter counts and FLOPs")
@@ -74,8 +86,11 @@ def _log_file(name: str, out: Path | None) -> Path:
 def _setup_logging(config: RunConfig, name: str, out: Path | None) -> None:
     # The JSON file keeps everything (every accepted upload is accounted for there);
     # the console shows the configured level, or what `mqttfl run` asks for.
-    configure_logging(_log_file(name, out), level="debug",
-                      console_level=os.environ.get("MQTTFL_CONSOLE_LEVEL") or config.logging.level)
+    configure_logging(
+        _log_file(name, out),
+        level="debug",
+        console_level=os.environ.get("MQTTFL_CONSOLE_LEVEL") or config.logging.level,
+    )
 
 
 def _watch_parent() -> None:
@@ -130,7 +145,9 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     _setup_logging(config, "coordinator", args.out)
     _watch_parent()
-    coordinator = Coordinator(config, BrokerAddress.parse(_broker(args)), args.out, credentials=_credentials(config))
+    coordinator = Coordinator(
+        config, BrokerAddress.parse(_broker(args)), args.out, credentials=_credentials(config)
+    )
     asyncio.run(coordinator.run())
     return 0
 
@@ -143,10 +160,22 @@ def cmd_client(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     _setup_logging(config, f"client-{args.id}", None)
     _watch_parent()
-    shard = load_client_shard(config.data, args.id, seed=config.seed, num_classes=config.model.num_classes,
-                              num_clients=config.federation.num_clients, shard_dir=args.data)
-    runner = ClientRunner(config, args.id, BrokerAddress.parse(_broker(args)), shard,
-                          state_dir=args.state_dir, credentials=_credentials(config))
+    shard = load_client_shard(
+        config.data,
+        args.id,
+        seed=config.seed,
+        num_classes=config.model.num_classes,
+        num_clients=config.federation.num_clients,
+        shard_dir=args.data,
+    )
+    runner = ClientRunner(
+        config,
+        args.id,
+        BrokerAddress.parse(_broker(args)),
+        shard,
+        state_dir=args.state_dir,
+        credentials=_credentials(config),
+    )
     return asyncio.run(runner.run())
 
 
@@ -156,15 +185,19 @@ def cmd_models(args: argparse.Namespace) -> int:
     try:
         height, width = (int(v) for v in args.input.lower().split("x"))
     except ValueError:
-        raise MqttflError(f"--input must look like HxW, e.g. 1000x242, got {args.input!r}") from None
+        raise MqttflError(
+            f"--input must look like HxW, e.g. 1000x242, got {args.input!r}"
+        ) from None
     rows = describe_models(args.num_classes, (height, width), embed_dim=args.embed_dim)
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return 0
     sys.stdout.write(f"{'model':<12} {'class':<18} {'parameters':>12} {'MFLOPs':>10}  input\n")
     for row in rows:
-        sys.stdout.write(f"{row['name']:<12} {row['class']:<18} {row['parameters']:>12,} "
-                         f"{row['flops'] / 1e6:>10.2f}  {'x'.join(map(str, row['input_shape']))}\n")
+        sys.stdout.write(
+            f"{row['name']:<12} {row['class']:<18} {row['parameters']:>12,} "
+            f"{row['flops'] / 1e6:>10.2f}  {'x'.join(map(str, row['input_shape']))}\n"
+        )
     return 0
 
 

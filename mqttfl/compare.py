@@ -18,7 +18,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,9 @@ def finished_summary(out: Path, config: Any) -> dict[str, Any] | None:
     return summary
 
 
-def run_one(config_path: str, overrides: list[str], result: RunResult, resume: bool = False) -> RunResult:
+def run_one(
+    config_path: str, overrides: list[str], result: RunResult, resume: bool = False
+) -> RunResult:
     from mqttfl.runtime.launcher import LocalFederation
 
     config = load_config(config_path, overrides)
@@ -97,8 +99,9 @@ def run_one(config_path: str, overrides: list[str], result: RunResult, resume: b
         result.curve = read_curve(result.out / "metrics.jsonl")
         return result
     try:
-        summary = LocalFederation(config, config_path, overrides, result.out,
-                                  coordinator_console="warning").run()
+        summary = LocalFederation(
+            config, config_path, overrides, result.out, coordinator_console="warning"
+        ).run()
     except MqttflError as exc:
         result.error = str(exc)
         return result
@@ -112,16 +115,29 @@ def _mean_std(values: list[float]) -> dict[str, float]:
     return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0}
 
 
-def aggregate(results: list[RunResult], methods: list[str], settings: list[str]) -> list[dict[str, Any]]:
+def aggregate(
+    results: list[RunResult], methods: list[str], settings: list[str]
+) -> list[dict[str, Any]]:
     rows = []
     for method in methods:
         for setting in settings:
-            done = [r for r in results if r.method == method and r.setting == setting and r.error is None]
-            row: dict[str, Any] = {"method": method, "setting": setting, "runs": len(done),
-                                   "model": REQUIRED_MODEL.get(method),
-                                   "seeds": [r.seed for r in done],
-                                   "failed_seeds": [r.seed for r in results if r.method == method
-                                                    and r.setting == setting and r.error is not None]}
+            done = [
+                r
+                for r in results
+                if r.method == method and r.setting == setting and r.error is None
+            ]
+            row: dict[str, Any] = {
+                "method": method,
+                "setting": setting,
+                "runs": len(done),
+                "model": REQUIRED_MODEL.get(method),
+                "seeds": [r.seed for r in done],
+                "failed_seeds": [
+                    r.seed
+                    for r in results
+                    if r.method == method and r.setting == setting and r.error is not None
+                ],
+            }
             if done:
                 row.update({k: _mean_std([r.metrics[k] for r in done]) for k in METRICS})
             rows.append(row)
@@ -151,14 +167,20 @@ def markdown_table(
             cells += [_cell(by_key[(method, setting)], k) for k in METRICS]
         lines.append("| " + " | ".join(cells) + " |")
         if method in REQUIRED_MODEL:
-            notes.append(f"\\* {method} needs model `{REQUIRED_MODEL[method]}` "
-                         "and runs with it in every setting.")
-    intro = (f"Mean ± std over seeds {', '.join(map(str, seeds))}; each run's metrics are the mean over "
-             "clients of their last five rounds. KB: uploaded plus downloaded per client-round.\n")
+            notes.append(
+                f"\\* {method} needs model `{REQUIRED_MODEL[method]}` "
+                "and runs with it in every setting."
+            )
+    intro = (
+        f"Mean ± std over seeds {', '.join(map(str, seeds))}; each run's metrics are the mean over "
+        "clients of their last five rounds. KB: uploaded plus downloaded per client-round.\n"
+    )
     return "\n".join([intro, *lines, "", *notes]) + "\n"
 
 
-def plot_convergence(results: list[RunResult], methods: list[str], settings: list[str], path: Path) -> None:
+def plot_convergence(
+    results: list[RunResult], methods: list[str], settings: list[str], path: Path
+) -> None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -166,7 +188,9 @@ def plot_convergence(results: list[RunResult], methods: list[str], settings: lis
     axes = figure.subplots(1, len(settings), squeeze=False)[0]
     for ax, setting in zip(axes, settings, strict=True):
         for method in methods:
-            curves = [r.curve for r in results if r.method == method and r.setting == setting and r.curve]
+            curves = [
+                r.curve for r in results if r.method == method and r.setting == setting and r.curve
+            ]
             if not curves:
                 continue
             rounds = sorted(set().union(*curves))
@@ -195,7 +219,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         seeds = [int(s) for s in _parse_list(args.seeds, "seeds")]
     except ValueError:
-        raise MqttflError(f"--seeds must be integers separated by commas, got {args.seeds!r}") from None
+        raise MqttflError(
+            f"--seeds must be integers separated by commas, got {args.seeds!r}"
+        ) from None
     settings = _parse_list(args.settings, "settings")
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
@@ -203,7 +229,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     plan = [(s, m, seed) for s in settings for m in methods for seed in seeds]
     for setting, method, seed in plan:  # every config must load before anything starts
         make_context(load_config(args.config, run_overrides(args.overrides, setting, method, seed)))
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out: Path = args.out or Path("runs") / f"compare-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
     configure_logging(out / "compare.jsonl", level="info", console_level="warning")
@@ -211,31 +237,67 @@ def cmd_compare(args: argparse.Namespace) -> int:
     results = []
     for index, (setting, method, seed) in enumerate(plan, start=1):
         began = time.monotonic()
-        result = run_one(args.config, run_overrides(args.overrides, setting, method, seed),
-                         RunResult(setting, method, seed, out / setting / method / f"seed-{seed}"),
-                         resume=args.resume)
+        result = run_one(
+            args.config,
+            run_overrides(args.overrides, setting, method, seed),
+            RunResult(setting, method, seed, out / setting / method / f"seed-{seed}"),
+            resume=args.resume,
+        )
         results.append(result)
         seconds = round(time.monotonic() - began, 1)
-        log.info("compare.run_finished", setting=setting, method=method, seed=seed, seconds=seconds,
-                 error=result.error, resumed=result.resumed, **result.metrics)
-        status = f"failed: {result.error}" if result.error else (
-            f"acc {result.metrics['accuracy']:.4f}  f1 {result.metrics['f1']:.4f}  "
-            f"mae {result.metrics['mae']:.3f}  {result.metrics['kb']:.1f} KB")
+        log.info(
+            "compare.run_finished",
+            setting=setting,
+            method=method,
+            seed=seed,
+            seconds=seconds,
+            error=result.error,
+            resumed=result.resumed,
+            **result.metrics,
+        )
+        status = (
+            f"failed: {result.error}"
+            if result.error
+            else (
+                f"acc {result.metrics['accuracy']:.4f}  f1 {result.metrics['f1']:.4f}  "
+                f"mae {result.metrics['mae']:.3f}  {result.metrics['kb']:.1f} KB"
+            )
+        )
         took = "reused a finished run" if result.resumed else f"{seconds} s"
-        sys.stdout.write(f"[{index}/{len(plan)}] {setting:<5} {method:<32} seed {seed}: "
-                         f"{status} ({took})\n")
+        sys.stdout.write(
+            f"[{index}/{len(plan)}] {setting:<5} {method:<32} seed {seed}: {status} ({took})\n"
+        )
         sys.stdout.flush()
     rows = aggregate(results, methods, settings)
     (out / "compare.md").write_text(markdown_table(rows, methods, settings, seeds))
-    (out / "compare.json").write_text(json.dumps({
-        "config": args.config, "overrides": args.overrides, "seeds": seeds,
-        "settings": {s: {"title": SETTINGS[s][0], "overrides": SETTINGS[s][1]} for s in settings},
-        "required_model": {m: REQUIRED_MODEL[m] for m in methods if m in REQUIRED_MODEL},
-        "rows": rows,
-        "runs": [{"setting": r.setting, "method": r.method, "seed": r.seed, "out": str(r.out),
-                  "metrics": r.metrics, "curve": {str(t): a for t, a in r.curve.items()}, "error": r.error}
-                 for r in results],
-    }, indent=2) + "\n")
+    (out / "compare.json").write_text(
+        json.dumps(
+            {
+                "config": args.config,
+                "overrides": args.overrides,
+                "seeds": seeds,
+                "settings": {
+                    s: {"title": SETTINGS[s][0], "overrides": SETTINGS[s][1]} for s in settings
+                },
+                "required_model": {m: REQUIRED_MODEL[m] for m in methods if m in REQUIRED_MODEL},
+                "rows": rows,
+                "runs": [
+                    {
+                        "setting": r.setting,
+                        "method": r.method,
+                        "seed": r.seed,
+                        "out": str(r.out),
+                        "metrics": r.metrics,
+                        "curve": {str(t): a for t, a in r.curve.items()},
+                        "error": r.error,
+                    }
+                    for r in results
+                ],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     plot_convergence(results, methods, settings, out / "convergence.png")
     sys.stdout.write((out / "compare.md").read_text() + f"results: {out}\n")
     return 1 if any(r.error for r in results) else 0
@@ -243,17 +305,33 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def add_compare_command(subparsers: Any) -> None:
     """Register ``mqttfl compare`` on the main parser's subcommands."""
-    parser = subparsers.add_parser("compare", help="run several methods on the same federation and seeds "
-                                                   "and tabulate them like FedAPA Table III")
+    parser = subparsers.add_parser(
+        "compare",
+        help="run several methods on the same federation and seeds "
+        "and tabulate them like FedAPA Table III",
+    )
     parser.add_argument("config", help="run config (TOML)")
-    parser.add_argument("--methods", default="all",
-                        help="'all' or a comma-separated list, e.g. fedavg,fedapa")
+    parser.add_argument(
+        "--methods", default="all", help="'all' or a comma-separated list, e.g. fedavg,fedapa"
+    )
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
-    parser.add_argument("--settings", default="data,model",
-                        help="data (statistical heterogeneity) and/or model (tiny/middle/large clients)")
+    parser.add_argument(
+        "--settings",
+        default="data,model",
+        help="data (statistical heterogeneity) and/or model (tiny/middle/large clients)",
+    )
     parser.add_argument("--out", type=Path, help="results directory (default runs/compare-<time>)")
-    parser.add_argument("--resume", action="store_true",
-                        help="reuse runs in --out that finished with the same config")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key for every run, e.g. --set rounds=10")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse runs in --out that finished with the same config",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key for every run, e.g. --set rounds=10",
+    )
     parser.set_defaults(func=cmd_compare)

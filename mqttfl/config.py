@@ -210,8 +210,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for item in overrides or []:
         keys, value = parse_override(item)
         if keys == ["broker", "password"]:  # --set lands in `ps` and shell history
-            raise ConfigError("broker.password", "never on the command line: put it in the config file "
-                              "or in MQTTFL_BROKER__PASSWORD")
+            raise ConfigError(
+                "broker.password",
+                "never on the command line: put it in the config file "
+                "or in MQTTFL_BROKER__PASSWORD",
+            )
         if keys[0] == "method" and len(keys) > 1:
             keys = ["method_params", *keys[1:]]
         _set_path(set_tree, keys, value)

@@ -105,7 +105,11 @@ def method_rows(runs: list[RunData]) -> list[dict[str, Any]]:
             row[key] = _mean_std([float(r.summary["mean"][key]) for r in members])
         for direction in ("up", "down"):
             row[f"kb_{direction}"] = _mean_std(
-                [float(r.summary["comm"][f"{direction}_bytes_per_client_round"]) / 1000 for r in members])
+                [
+                    float(r.summary["comm"][f"{direction}_bytes_per_client_round"]) / 1000
+                    for r in members
+                ]
+            )
         rows.append(row)
     return rows
 
@@ -116,31 +120,61 @@ def _pm(pair: tuple[float, float], scale: float = 1.0, digits: int = 2) -> str:
 
 
 def render_markdown(runs: list[RunData], rows: list[dict[str, Any]]) -> str:
-    lines = ["# mqttfl report", "",
-             f"{len(runs)} run(s). Accuracy, F1 (%) and MAE are each run's mean over clients of the last "
-             "five rounds; methods show mean ± std over their runs. KB: payload per client-round.", "",
-             "## Methods", "",
-             "| method | runs | Acc. (%) | F1 (%) | MAE | KB up | KB down |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "# mqttfl report",
+        "",
+        f"{len(runs)} run(s). Accuracy, F1 (%) and MAE are each run's mean over clients of the last "
+        "five rounds; methods show mean ± std over their runs. KB: payload per client-round.",
+        "",
+        "## Methods",
+        "",
+        "| method | runs | Acc. (%) | F1 (%) | MAE | KB up | KB down |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
-        lines.append(f"| {row['method']} | {row['runs']} | {_pm(row['accuracy'], 100)} | {_pm(row['f1'], 100)} | "
-                     f"{_pm(row['mae'], digits=3)} | {_pm(row['kb_up'])} | {_pm(row['kb_down'])} |")
-    lines += ["", "## Runs", "", "| run | method | rounds | clients | Acc. (%) | F1 (%) | MAE | KB up | KB down | "
-              "rejected |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {row['method']} | {row['runs']} | {_pm(row['accuracy'], 100)} | {_pm(row['f1'], 100)} | "
+            f"{_pm(row['mae'], digits=3)} | {_pm(row['kb_up'])} | {_pm(row['kb_down'])} |"
+        )
+    lines += [
+        "",
+        "## Runs",
+        "",
+        "| run | method | rounds | clients | Acc. (%) | F1 (%) | MAE | KB up | KB down | "
+        "rejected |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for run in runs:
         mean, comm = run.summary["mean"], run.summary["comm"]
         rejected = sum(run.summary.get("rejections", {}).values())
-        lines.append(f"| {run.label} | {run.method} | {run.summary.get('rounds_completed', '?')} | "
-                     f"{len(run.summary.get('clients', {}))} | {mean['accuracy'] * 100:.2f} | {mean['f1'] * 100:.2f} | "
-                     f"{mean['mae']:.3f} | {comm['up_bytes_per_client_round'] / 1000:.2f} | "
-                     f"{comm['down_bytes_per_client_round'] / 1000:.2f} | {rejected} |")
+        lines.append(
+            f"| {run.label} | {run.method} | {run.summary.get('rounds_completed', '?')} | "
+            f"{len(run.summary.get('clients', {}))} | {mean['accuracy'] * 100:.2f} | {mean['f1'] * 100:.2f} | "
+            f"{mean['mae']:.3f} | {comm['up_bytes_per_client_round'] / 1000:.2f} | "
+            f"{comm['down_bytes_per_client_round'] / 1000:.2f} | {rejected} |"
+        )
     for run in runs:
-        lines += ["", f"### {run.label} ({run.method}): per client", "",
-                  "| client | Acc. (%) | F1 (%) | MAE | KB sent | KB received |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"### {run.label} ({run.method}): per client",
+            "",
+            "| client | Acc. (%) | F1 (%) | MAE | KB sent | KB received |",
+            "|---|---|---|---|---|---|",
+        ]
         for client, row in run.summary.get("clients", {}).items():
-            lines.append(f"| {client} | {row['accuracy'] * 100:.2f} | {row['f1'] * 100:.2f} | {row['mae']:.3f} | "
-                         f"{row['kb_sent']:.1f} | {row['kb_received']:.1f} |")
-    lines += ["", "![accuracy per round](accuracy.png)", "", "![bytes per round](bytes.png)", "",
-              "![per-client accuracy](clients.png)", ""]
+            lines.append(
+                f"| {client} | {row['accuracy'] * 100:.2f} | {row['f1'] * 100:.2f} | {row['mae']:.3f} | "
+                f"{row['kb_sent']:.1f} | {row['kb_received']:.1f} |"
+            )
+    lines += [
+        "",
+        "![accuracy per round](accuracy.png)",
+        "",
+        "![bytes per round](bytes.png)",
+        "",
+        "![per-client accuracy](clients.png)",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -166,7 +200,9 @@ def _line_plot(curves: dict[str, dict[int, float]], ylabel: str, title: str, pat
     ax = figure.subplots()
     for method, curve in sorted(curves.items()):
         rounds = list(curve)
-        ax.plot(rounds, list(curve.values()), marker="o" if len(rounds) < 15 else None, label=method)
+        ax.plot(
+            rounds, list(curve.values()), marker="o" if len(rounds) < 15 else None, label=method
+        )
     values = [v for curve in curves.values() for v in curve.values() if v > 0]
     if values and max(values) > 20 * min(values):  # e.g. weights next to prototypes
         ax.set_yscale("log")
@@ -188,14 +224,21 @@ def _client_bars(runs: list[RunData], path: Path) -> dict[str, dict[str, float]]
         for client, row in run.summary.get("clients", {}).items():
             grouped[run.method][client].append(float(row["accuracy"]))
     bars = {m: {c: float(np.mean(v)) for c, v in clients.items()} for m, clients in grouped.items()}
-    clients = sorted({c for per in bars.values() for c in per},
-                     key=lambda c: (not c.isdigit(), int(c) if c.isdigit() else 0, c))
+    clients = sorted(
+        {c for per in bars.values() for c in per},
+        key=lambda c: (not c.isdigit(), int(c) if c.isdigit() else 0, c),
+    )
     figure = Figure(figsize=(max(6.0, 0.9 * len(clients) + 2), 4.2), layout="constrained")
     ax = figure.subplots()
     width = 0.8 / max(len(bars), 1)
     x = np.arange(len(clients))
     for index, (method, per) in enumerate(sorted(bars.items())):
-        ax.bar(x + index * width - 0.4 + width / 2, [per.get(c, 0.0) for c in clients], width, label=method)
+        ax.bar(
+            x + index * width - 0.4 + width / 2,
+            [per.get(c, 0.0) for c in clients],
+            width,
+            label=method,
+        )
     ax.set_xticks(x, clients)
     ax.set_xlabel("client")
     ax.set_ylabel("accuracy (last 5 rounds)")
@@ -216,20 +259,41 @@ def write_report(paths: list[Path], out: Path) -> Path:
     accuracy = _method_curves(runs, "accuracy", "mean")
     up = _method_curves(runs, "bytes_up", "sum")
     down = _method_curves(runs, "bytes_down", "sum")
-    kb = {m: {t: (up.get(m, {}).get(t, 0.0) + down.get(m, {}).get(t, 0.0)) / 1000
-              for t in sorted(set(up.get(m, {})) | set(down.get(m, {})))} for m in set(up) | set(down)}
+    kb = {
+        m: {
+            t: (up.get(m, {}).get(t, 0.0) + down.get(m, {}).get(t, 0.0)) / 1000
+            for t in sorted(set(up.get(m, {})) | set(down.get(m, {})))
+        }
+        for m in set(up) | set(down)
+    }
     _line_plot(accuracy, "mean client accuracy", "Accuracy per round", out / "accuracy.png")
     _line_plot(kb, "KB per round (all clients, up + down)", "Bytes per round", out / "bytes.png")
     bars = _client_bars(runs, out / "clients.png")
     (out / "report.md").write_text(render_markdown(runs, rows))
-    (out / "report.json").write_text(json.dumps({
-        "runs": [{"path": str(r.path), "method": r.method, "mean": r.summary["mean"], "comm": r.summary["comm"],
-                  "clients": r.summary.get("clients", {})} for r in runs],
-        "methods": rows,
-        "accuracy_per_round": {m: {str(t): v for t, v in c.items()} for m, c in accuracy.items()},
-        "kb_per_round": {m: {str(t): v for t, v in c.items()} for m, c in kb.items()},
-        "client_accuracy": bars,
-    }, indent=2) + "\n")
+    (out / "report.json").write_text(
+        json.dumps(
+            {
+                "runs": [
+                    {
+                        "path": str(r.path),
+                        "method": r.method,
+                        "mean": r.summary["mean"],
+                        "comm": r.summary["comm"],
+                        "clients": r.summary.get("clients", {}),
+                    }
+                    for r in runs
+                ],
+                "methods": rows,
+                "accuracy_per_round": {
+                    m: {str(t): v for t, v in c.items()} for m, c in accuracy.items()
+                },
+                "kb_per_round": {m: {str(t): v for t, v in c.items()} for m, c in kb.items()},
+                "client_accuracy": bars,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     return out / "report.md"
 
 
@@ -243,9 +307,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def add_report_command(subparsers: Any) -> None:
     """Register ``mqttfl report`` on the main parser's subcommands."""
-    parser = subparsers.add_parser("report", help="markdown tables and PNG plots from finished runs")
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
-                        help="run directories (or folders holding them, e.g. a compare output)")
-    parser.add_argument("--out", type=Path,
-                        help="output directory (default RUN_DIR/report for one run, ./report for several)")
+    parser = subparsers.add_parser(
+        "report", help="markdown tables and PNG plots from finished runs"
+    )
+    parser.add_argument(
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run directories (or folders holding them, e.g. a compare output)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="output directory (default RUN_DIR/report for one run, ./report for several)",
+    )
     parser.set_defaults(func=cmd_report)

@@ -26,5 +26,7 @@ def require_shared(*parts: str) -> Path:
     if not path.exists():
         if os.environ.get("MQTTFL_REQUIRE_SHARED_DATA"):  # CI always has it: fail, don't skip
             pytest.fail(f"real data not found at {path}, and MQTTFL_REQUIRE_SHARED_DATA is set")
-        pytest.skip(f"real data not found at {path} (set MQTTFL_SHARED_DATA or provide ../shared/data)")
+        pytest.skip(
+            f"real data not found at {path} (set MQTTFL_SHARED_DATA or provide ../shared/data)"
+        )
     return path

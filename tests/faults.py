@@ -47,8 +47,13 @@ from mqttfl.runtime.broker import LocalBroker
 CONFIG = "configs/fedapa-csi.toml"
 RUN_ID = "fedapa-csi"
 # Tiny model, tiny shards, short deadlines: a round takes about a second.
-TINY = [*FAST, "model.name=tiny", "data.samples_per_client=60", "federation.round_timeout_s=10",
-        "federation.join_timeout_s=60"]
+TINY = [
+    *FAST,
+    "model.name=tiny",
+    "data.samples_per_client=60",
+    "federation.round_timeout_s=10",
+    "federation.join_timeout_s=60",
+]
 # A round may close this much after its deadline (aggregate, publish, checkpoint).
 CLOSE_SLACK_S = 3.0
 
@@ -70,7 +75,9 @@ def timestamp(event: dict[str, Any]) -> float:
     return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.1) -> Any:
+def wait_for(
+    predicate: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.1
+) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail naming ``what``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -104,15 +111,25 @@ class Witness:
     (e.g. to SIGKILL a client the moment its upload reaches the broker).
     """
 
-    def __init__(self, broker_port: int, topics: Iterable[str], *, username: str | None = None,
-                 password: str | None = None, ca: str | None = None,
-                 on_message: Callable[[Seen], None] | None = None, name: str = "witness") -> None:
+    def __init__(
+        self,
+        broker_port: int,
+        topics: Iterable[str],
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        ca: str | None = None,
+        on_message: Callable[[Seen], None] | None = None,
+        name: str = "witness",
+    ) -> None:
         self.messages: list[Seen] = []
         self.on_message = on_message
         self.topics = list(topics)
         self.subscribed = threading.Event()
         self._lock = threading.Lock()
-        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"{name}-{os.getpid()}-{id(self)}")
+        self.client = paho.Client(
+            paho.CallbackAPIVersion.VERSION2, client_id=f"{name}-{os.getpid()}-{id(self)}"
+        )
         if username:
             self.client.username_pw_set(username, password)
         if ca:
@@ -123,7 +140,9 @@ class Witness:
         self.client.reconnect_delay_set(0.1, 1.0)
         self.client.connect_async("127.0.0.1", broker_port, keepalive=10)
 
-    def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+    def _on_connect(
+        self, client: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any
+    ) -> None:
         if not reason.is_failure:
             client.subscribe([(topic, 1) for topic in self.topics])
 
@@ -192,13 +211,24 @@ class Federation:
 
     @property
     def round_timeout_s(self) -> float:
-        value = next((o.split("=", 1)[1] for o in reversed(self.all_overrides)
-                      if o.startswith("federation.round_timeout_s=")), "60")
+        value = next(
+            (
+                o.split("=", 1)[1]
+                for o in reversed(self.all_overrides)
+                if o.startswith("federation.round_timeout_s=")
+            ),
+            "60",
+        )
         return float(value)
 
     @property
     def all_overrides(self) -> list[str]:
-        return [*TINY, f"rounds={self.rounds}", f"federation.num_clients={self.clients}", *self.overrides]
+        return [
+            *TINY,
+            f"rounds={self.rounds}",
+            f"federation.num_clients={self.clients}",
+            *self.overrides,
+        ]
 
     def _common(self, extra: list[str] | None = None) -> list[str]:
         args = ["--config", self.config, "--broker", self.broker_url or self.broker.url]
@@ -206,11 +236,16 @@ class Federation:
             args += ["--set", item]
         return args
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, args: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         self.starts[name] += 1
         self.logs.mkdir(parents=True, exist_ok=True)
-        proc = spawn(*args, log=self.root / f"{name}.{self.starts[name]}.out",
-                     env={"MQTTFL_LOG_DIR": str(self.logs), **self.env, **(env or {})})
+        proc = spawn(
+            *args,
+            log=self.root / f"{name}.{self.starts[name]}.out",
+            env={"MQTTFL_LOG_DIR": str(self.logs), **self.env, **(env or {})},
+        )
         self.procs[name] = proc
         return proc
 
@@ -222,22 +257,44 @@ class Federation:
         return self
 
     def start_coordinator(self, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        return self._spawn("coordinator", ["coordinator", *self._common(), "--out", str(self.out)], env)
+        return self._spawn(
+            "coordinator", ["coordinator", *self._common(), "--out", str(self.out)], env
+        )
 
     def start_client(self, cid: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        args = ["client", *self._common(self.client_overrides.get(cid)), "--id", cid,
-                "--state-dir", str(self.state_dir)]
+        args = [
+            "client",
+            *self._common(self.client_overrides.get(cid)),
+            "--id",
+            cid,
+            "--state-dir",
+            str(self.state_dir),
+        ]
         return self._spawn(cid, args, env)
 
     def start_load(self, count: int, *, name: str = "load") -> subprocess.Popen[bytes]:
         """The torch-free load client (mqttfl.runtime.loadclient): ``count`` simulated devices."""
         self.starts[name] += 1
         self.logs.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "mqttfl.runtime.loadclient", "--clients", str(count),
-               "--log", str(self.logs / f"{name}.jsonl"), *self._common()]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mqttfl.runtime.loadclient",
+            "--clients",
+            str(count),
+            "--log",
+            str(self.logs / f"{name}.jsonl"),
+            *self._common(),
+        ]
         with open(self.root / f"{name}.{self.starts[name]}.out", "wb") as handle:
-            proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO,
-                                    env={**os.environ, **self.env}, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
         self.procs[name] = proc
         return proc
 
@@ -276,7 +333,9 @@ class Federation:
             if name != "coordinator" and proc.poll() is None:
                 assert proc.wait(timeout=clients_timeout) == 0, self.output(name)[-3000:]
             elif name != "coordinator" and proc.returncode not in (0, -signal.SIGKILL):
-                raise AssertionError(f"client {name} exit {proc.returncode}:\n{self.output(name)[-3000:]}")
+                raise AssertionError(
+                    f"client {name} exit {proc.returncode}:\n{self.output(name)[-3000:]}"
+                )
         return json.loads((self.out / "summary.json").read_text())  # type: ignore[no-any-return]
 
     def output(self, name: str) -> str:
@@ -318,22 +377,33 @@ class Federation:
         def checked() -> Any:
             coordinator = self.procs.get("coordinator")
             if coordinator is not None and coordinator.poll() not in (None, 0, -signal.SIGKILL):
-                raise AssertionError(f"coordinator died ({coordinator.returncode}) while waiting for {what}:\n"
-                                     + self.output("coordinator")[-3000:])
+                raise AssertionError(
+                    f"coordinator died ({coordinator.returncode}) while waiting for {what}:\n"
+                    + self.output("coordinator")[-3000:]
+                )
             return predicate()
 
         return wait_for(checked, timeout=timeout, what=what)
 
     def wait_round_closed(self, t: int, *, timeout: float = 60.0) -> None:
-        self.wait_for(lambda: t in self.closed_rounds(), timeout=timeout, what=f"round {t} to close")
+        self.wait_for(
+            lambda: t in self.closed_rounds(), timeout=timeout, what=f"round {t} to close"
+        )
 
     def wait_training(self, cid: str, t: int, *, timeout: float = 60.0) -> dict[str, Any]:
         """Until client ``cid`` logs that it began local training for round t."""
-        return self.wait_for(lambda: next((e for e in self.events(cid, "training.started") if e["round"] == t), None),
-                             timeout=timeout, what=f"client {cid} to start training round {t}")
+        return self.wait_for(
+            lambda: next(
+                (e for e in self.events(cid, "training.started") if e["round"] == t), None
+            ),
+            timeout=timeout,
+            what=f"client {cid} to start training round {t}",
+        )
 
     def wait_round_started(self, t: int, *, timeout: float = 60.0) -> dict[str, Any]:
-        return self.wait_for(lambda: (self.started(t) or [None])[-1], timeout=timeout, what=f"round {t} to start")
+        return self.wait_for(
+            lambda: (self.started(t) or [None])[-1], timeout=timeout, what=f"round {t} to start"
+        )
 
     # --- accounting ---------------------------------------------------------------------
     def outcomes(self) -> dict[tuple[int, str], list[str]]:
@@ -356,7 +426,10 @@ class Federation:
         stalled = []
         for t, closes in self.closed_rounds().items():
             starts = [timestamp(e) for e in self.started(t)]
-            if not starts or timestamp(closes[-1]) > max(starts) + self.round_timeout_s + CLOSE_SLACK_S:
+            if (
+                not starts
+                or timestamp(closes[-1]) > max(starts) + self.round_timeout_s + CLOSE_SLACK_S
+            ):
                 stalled.append(t)
         return sorted(stalled)
 

@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parents[1]
 
 # Tiny, fast federations for end-to-end tests: small windows and shards.
@@ -21,15 +20,16 @@ FAST = [
 ]
 
 
-
-
-
-def mqttfl(*args: str, timeout: float = 300, env: dict[str, str] | None = None,
-           cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def mqttfl(
+    *args: str, timeout: float = 300, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the real command line in a child process."""
     return subprocess.run(
         [sys.executable, "-m", "mqttfl", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or REPO,
         env={**os.environ, **(env or {})},
     )
 
@@ -37,6 +37,11 @@ def mqttfl(*args: str, timeout: float = 300, env: dict[str, str] | None = None,
 def spawn(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start `mqttfl ...` as a separate OS process (one per device)."""
     with open(log, "wb") as handle:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen([sys.executable, "-m", "mqttfl", *args], stdout=handle,
-                                stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})},
-                                start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "mqttfl", *args],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )

@@ -47,10 +47,19 @@ class Scene:
         body.update(changes)
         return {key: value for key, value in body.items() if value is not _DROP}
 
-    def upload(self, *, sender: str | None = None, t: int | None = None, run: str | None = None,
-               kind: str = "upload", **changes: object) -> bytes:
+    def upload(
+        self,
+        *,
+        sender: str | None = None,
+        t: int | None = None,
+        run: str | None = None,
+        kind: str = "upload",
+        **changes: object,
+    ) -> bytes:
         t = self.round if t is None else t
-        return encode(Message(kind, run or self.run_id, t, sender or self.victim, self.body(**changes)))
+        return encode(
+            Message(kind, run or self.run_id, t, sender or self.victim, self.body(**changes))
+        )
 
     def valid(self) -> bytes:
         return self.upload()
@@ -78,8 +87,14 @@ _DROP = object()
 
 
 def _envelope(scene: Scene, **changes: object) -> bytes:
-    envelope = {"v": 1, "type": "upload", "run": scene.run_id, "round": scene.round, "sender": scene.victim,
-                "body": {}}
+    envelope = {
+        "v": 1,
+        "type": "upload",
+        "run": scene.run_id,
+        "round": scene.round,
+        "sender": scene.victim,
+        "body": {},
+    }
     envelope.update(changes)
     return msgpack.packb(envelope, use_bin_type=True)
 
@@ -98,68 +113,155 @@ CATALOGUE: tuple[Hostile, ...] = (
     Hostile("truncated msgpack", "malformed", lambda s: _at(s, s.valid()[: len(s.valid()) // 2])),
     Hostile("a list, not a map", "malformed", lambda s: _at(s, msgpack.packb([1, 2, 3]))),
     Hostile("empty payload", "malformed", lambda s: _at(s, b"")),
-    Hostile("unknown msgpack extension", "malformed",
-            lambda s: _at(s, _envelope(s, body={"x": msgpack.ExtType(42, b"\0" * 8)}))),
-    Hostile("memory bomb: 10^18 floats declared, 16 bytes sent", "size",
-            lambda s: _at(s, _envelope(s, body={"prototypes": _array_ext("<f4", [10**12, 10**6], b"\0" * 16)}))),
-    Hostile("array shorter than declared", "size",
-            lambda s: _at(s, _envelope(s, body={"prototypes": _array_ext("<f4", [3, s.embed_dim], b"\0" * 12)}))),
-    Hostile("object dtype (pickle smuggling)", "dtype",
-            lambda s: _at(s, _envelope(s, body={"prototypes": _array_ext("|O", [1], b"\0" * 8)}))),
-    Hostile("negative array dimension", "shape",
-            lambda s: _at(s, _envelope(s, body={"prototypes": _array_ext("<f4", [-1], b"")}))),
+    Hostile(
+        "unknown msgpack extension",
+        "malformed",
+        lambda s: _at(s, _envelope(s, body={"x": msgpack.ExtType(42, b"\0" * 8)})),
+    ),
+    Hostile(
+        "memory bomb: 10^18 floats declared, 16 bytes sent",
+        "size",
+        lambda s: _at(
+            s, _envelope(s, body={"prototypes": _array_ext("<f4", [10**12, 10**6], b"\0" * 16)})
+        ),
+    ),
+    Hostile(
+        "array shorter than declared",
+        "size",
+        lambda s: _at(
+            s, _envelope(s, body={"prototypes": _array_ext("<f4", [3, s.embed_dim], b"\0" * 12)})
+        ),
+    ),
+    Hostile(
+        "object dtype (pickle smuggling)",
+        "dtype",
+        lambda s: _at(s, _envelope(s, body={"prototypes": _array_ext("|O", [1], b"\0" * 8)})),
+    ),
+    Hostile(
+        "negative array dimension",
+        "shape",
+        lambda s: _at(s, _envelope(s, body={"prototypes": _array_ext("<f4", [-1], b"")})),
+    ),
     Hostile("oversize upload", "oversize", lambda s: _at(s, b"\0" * (s.max_upload_bytes + 1))),
     # --- envelopes -------------------------------------------------------------------------
     Hostile("unknown message type", "type", lambda s: _at(s, _envelope(s, type="pwn"))),
     Hostile("schema version from the future", "version", lambda s: _at(s, _envelope(s, v=2))),
     Hostile("extra envelope key", "envelope", lambda s: _at(s, _envelope(s, extra=1))),
     Hostile("negative round in the envelope", "envelope", lambda s: _at(s, _envelope(s, round=-1))),
-    Hostile("a metrics message on an upload topic", "type", lambda s: _at(s, s.upload(kind="metrics"))),
+    Hostile(
+        "a metrics message on an upload topic", "type", lambda s: _at(s, s.upload(kind="metrics"))
+    ),
     Hostile("another run's upload", "run", lambda s: _at(s, s.upload(run="other-run"))),
-    Hostile("envelope round differs from the topic's", "round_mismatch",
-            lambda s: _at(s, s.upload(t=s.round + 7))),
-    Hostile("sender differs from the topic's client", "sender",
-            lambda s: _at(s, s.upload(sender=s.unselected))),
-    Hostile("a client that never announced itself", "unknown_client",
-            lambda s: _at(s, s.upload(sender=s.ghost), client=s.ghost)),
-    Hostile("a client not selected this round", "not_selected",
-            lambda s: _at(s, s.upload(sender=s.unselected), client=s.unselected)),
+    Hostile(
+        "envelope round differs from the topic's",
+        "round_mismatch",
+        lambda s: _at(s, s.upload(t=s.round + 7)),
+    ),
+    Hostile(
+        "sender differs from the topic's client",
+        "sender",
+        lambda s: _at(s, s.upload(sender=s.unselected)),
+    ),
+    Hostile(
+        "a client that never announced itself",
+        "unknown_client",
+        lambda s: _at(s, s.upload(sender=s.ghost), client=s.ghost),
+    ),
+    Hostile(
+        "a client not selected this round",
+        "not_selected",
+        lambda s: _at(s, s.upload(sender=s.unselected), client=s.unselected),
+    ),
     Hostile("stale round", "stale", lambda s: _at(s, s.upload(t=s.round - 1), t=s.round - 1)),
     Hostile("future round", "future", lambda s: _at(s, s.upload(t=s.round + 1), t=s.round + 1)),
     # --- bodies the method does not permit ----------------------------------------------------
-    Hostile("weights in a prototype upload", "unknown_field",
-            lambda s: _at(s, s.upload(weights=np.ones(100, np.float32)))),
-    Hostile("raw samples in the upload", "unknown_field",
-            lambda s: _at(s, s.upload(raw_samples=np.ones((4, 24, 52), np.float32)))),
+    Hostile(
+        "weights in a prototype upload",
+        "unknown_field",
+        lambda s: _at(s, s.upload(weights=np.ones(100, np.float32))),
+    ),
+    Hostile(
+        "raw samples in the upload",
+        "unknown_field",
+        lambda s: _at(s, s.upload(raw_samples=np.ones((4, 24, 52), np.float32))),
+    ),
     Hostile("a required field missing", "missing_field", lambda s: _at(s, s.upload(counts=_DROP))),
-    Hostile("float64 prototypes", "dtype",
-            lambda s: _at(s, s.upload(prototypes=np.ones((3, s.embed_dim), np.float64)))),
-    Hostile("prototypes of the wrong width", "shape",
-            lambda s: _at(s, s.upload(prototypes=np.ones((3, s.embed_dim + 1), np.float32)))),
-    Hostile("prototypes for more classes than listed", "shape",
-            lambda s: _at(s, s.upload(prototypes=np.ones((4, s.embed_dim), np.float32)))),
-    Hostile("no classes at all", "shape",
-            lambda s: _at(s, s.upload(classes=np.zeros(0, np.int64), prototypes=np.zeros((0, s.embed_dim), np.float32),
-                                      counts=np.zeros(0, np.int64)))),
-    Hostile("NaN prototypes", "non_finite",
-            lambda s: _at(s, s.upload(prototypes=np.full((3, s.embed_dim), np.nan, np.float32)))),
-    Hostile("Inf prototypes", "non_finite",
-            lambda s: _at(s, s.upload(prototypes=np.full((3, s.embed_dim), np.inf, np.float32)))),
+    Hostile(
+        "float64 prototypes",
+        "dtype",
+        lambda s: _at(s, s.upload(prototypes=np.ones((3, s.embed_dim), np.float64))),
+    ),
+    Hostile(
+        "prototypes of the wrong width",
+        "shape",
+        lambda s: _at(s, s.upload(prototypes=np.ones((3, s.embed_dim + 1), np.float32))),
+    ),
+    Hostile(
+        "prototypes for more classes than listed",
+        "shape",
+        lambda s: _at(s, s.upload(prototypes=np.ones((4, s.embed_dim), np.float32))),
+    ),
+    Hostile(
+        "no classes at all",
+        "shape",
+        lambda s: _at(
+            s,
+            s.upload(
+                classes=np.zeros(0, np.int64),
+                prototypes=np.zeros((0, s.embed_dim), np.float32),
+                counts=np.zeros(0, np.int64),
+            ),
+        ),
+    ),
+    Hostile(
+        "NaN prototypes",
+        "non_finite",
+        lambda s: _at(s, s.upload(prototypes=np.full((3, s.embed_dim), np.nan, np.float32))),
+    ),
+    Hostile(
+        "Inf prototypes",
+        "non_finite",
+        lambda s: _at(s, s.upload(prototypes=np.full((3, s.embed_dim), np.inf, np.float32))),
+    ),
     Hostile("negative counts", "range", lambda s: _at(s, s.upload(counts=np.array([5, -3, 5])))),
     Hostile("zero counts", "range", lambda s: _at(s, s.upload(counts=np.array([5, 0, 5])))),
-    Hostile("a class out of range", "range", lambda s: _at(s, s.upload(classes=np.array([0, 1, s.num_classes])))),
-    Hostile("a class listed twice", "range", lambda s: _at(s, s.upload(classes=np.array([0, 1, 1])))),
-    Hostile("prototypes as a nested list", "type",
-            lambda s: _at(s, s.upload(prototypes=[[0.0] * s.embed_dim] * 3))),
+    Hostile(
+        "a class out of range",
+        "range",
+        lambda s: _at(s, s.upload(classes=np.array([0, 1, s.num_classes]))),
+    ),
+    Hostile(
+        "a class listed twice", "range", lambda s: _at(s, s.upload(classes=np.array([0, 1, 1])))
+    ),
+    Hostile(
+        "prototypes as a nested list",
+        "type",
+        lambda s: _at(s, s.upload(prototypes=[[0.0] * s.embed_dim] * 3)),
+    ),
     Hostile("counts as a string", "type", lambda s: _at(s, s.upload(counts="many"))),
     # --- after the victim's one valid upload --------------------------------------------------
-    Hostile("duplicate of an accepted upload", "duplicate", lambda s: _at(s, s.valid()), phase="after"),
-    Hostile("a second, different upload", "duplicate",
-            lambda s: _at(s, s.upload(prototypes=np.zeros((3, s.embed_dim), np.float32))), phase="after"),
+    Hostile(
+        "duplicate of an accepted upload", "duplicate", lambda s: _at(s, s.valid()), phase="after"
+    ),
+    Hostile(
+        "a second, different upload",
+        "duplicate",
+        lambda s: _at(s, s.upload(prototypes=np.zeros((3, s.embed_dim), np.float32))),
+        phase="after",
+    ),
     # --- after the round closed -----------------------------------------------------------------
-    Hostile("replay of an accepted upload after the close", "stale", lambda s: _at(s, s.valid()), phase="closed"),
-    Hostile("replay onto the next round's topic", "round_mismatch",
-            lambda s: _at(s, s.valid(), t=s.round + 1), phase="closed"),
+    Hostile(
+        "replay of an accepted upload after the close",
+        "stale",
+        lambda s: _at(s, s.valid()),
+        phase="closed",
+    ),
+    Hostile(
+        "replay onto the next round's topic",
+        "round_mismatch",
+        lambda s: _at(s, s.valid(), t=s.round + 1),
+        phase="closed",
+    ),
 )
 
 
@@ -178,8 +280,16 @@ def CONTROL_CATALOGUE(scene: Scene) -> list[tuple[str, bytes, str]]:  # noqa: N8
     return [
         ("status/h5", b"\xc1 not msgpack", "malformed"),
         ("status/h5", messages.status_online(scene.run_id, impostor), "sender"),
-        ("status/h5", encode(Message("status", scene.run_id, 0, "h5", {"state": "pwned"})), "range"),
-        ("status/h5", encode(Message("status", scene.run_id, 0, "h5", {"state": "online"})), "missing_field"),
+        (
+            "status/h5",
+            encode(Message("status", scene.run_id, 0, "h5", {"state": "pwned"})),
+            "range",
+        ),
+        (
+            "status/h5",
+            encode(Message("status", scene.run_id, 0, "h5", {"state": "online"})),
+            "missing_field",
+        ),
         ("round/1/metrics/0", b"\x00\x01", "malformed"),
         ("round/1/metrics/0", encode(Message("metrics", scene.run_id, 1, "1", metrics)), "sender"),
         ("round/x/up/0", scene.valid(), "topic"),

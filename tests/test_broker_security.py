@@ -31,16 +31,34 @@ MAX_PACKET = 1_000_000
 def setup(tmp_path_factory: pytest.TempPathFactory) -> BrokerSetup:
     out = tmp_path_factory.mktemp("secure") / "broker"
     port = free_port()
-    result = mqttfl("broker", "init", "--clients", "2", "--out", str(out), "--tls", "--run-id", RUN_ID,
-                    "--port", str(port), "--max-packet-bytes", str(MAX_PACKET), timeout=120)
+    result = mqttfl(
+        "broker",
+        "init",
+        "--clients",
+        "2",
+        "--out",
+        str(out),
+        "--tls",
+        "--run-id",
+        RUN_ID,
+        "--port",
+        str(port),
+        "--max-packet-bytes",
+        str(MAX_PACKET),
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
-    passwords = {name: read_env_file(out / "credentials" / f"{name}.env")["MQTTFL_BROKER__PASSWORD"]
-                 for name in ("coordinator", "0", "1")}
+    passwords = {
+        name: read_env_file(out / "credentials" / f"{name}.env")["MQTTFL_BROKER__PASSWORD"]
+        for name in ("coordinator", "0", "1")
+    }
     return BrokerSetup(out, port, True, passwords)
 
 
 @pytest.fixture(scope="module")
-def secure_broker(setup: BrokerSetup, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+def secure_broker(
+    setup: BrokerSetup, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalBroker]:
     conf = setup.conf.read_text()
     with LocalBroker(tmp_path_factory.mktemp("run"), port=setup.port, conf=conf) as running:
         yield running
@@ -53,13 +71,42 @@ def _tls(setup: BrokerSetup) -> list[str]:
 def _as(setup: BrokerSetup, user: str | None, password: str | None = None) -> list[str]:
     if user is None:
         return _tls(setup)
-    return [*_tls(setup), "-u", user, "-P", password if password is not None else setup.passwords[user]]
+    return [
+        *_tls(setup),
+        "-u",
+        user,
+        "-P",
+        password if password is not None else setup.passwords[user],
+    ]
 
 
-def pub(setup: BrokerSetup, user: str | None, topic: str, message: str = "x", *, password: str | None = None,
-        extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["mosquitto_pub", *_as(setup, user, password), "-q", "1", "-t", topic, "-m", message,
-                           "-V", "mqttv5", *extra], capture_output=True, text=True, timeout=20)
+def pub(
+    setup: BrokerSetup,
+    user: str | None,
+    topic: str,
+    message: str = "x",
+    *,
+    password: str | None = None,
+    extra: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            "mosquitto_pub",
+            *_as(setup, user, password),
+            "-q",
+            "1",
+            "-t",
+            topic,
+            "-m",
+            message,
+            "-V",
+            "mqttv5",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
 
 
 class Sub:
@@ -67,7 +114,18 @@ class Sub:
 
     def __init__(self, setup: BrokerSetup, user: str, topics: list[str], out: Path) -> None:
         self.out = out
-        args = ["stdbuf", "-oL", "mosquitto_sub", *_as(setup, user), "-q", "1", "-v", "-d", "-V", "mqttv5"]
+        args = [
+            "stdbuf",
+            "-oL",
+            "mosquitto_sub",
+            *_as(setup, user),
+            "-q",
+            "1",
+            "-v",
+            "-d",
+            "-V",
+            "mqttv5",
+        ]
         for topic in topics:
             args += ["-t", topic]
         with open(out, "w") as handle:  # the child keeps its own descriptor
@@ -100,20 +158,30 @@ class Sub:
 def test_init_writes_conf_hashed_passwords_acl_and_tls(setup: BrokerSetup) -> None:
     conf = setup.conf.read_text()
     assert "allow_anonymous false" in conf
-    assert f"password_file {setup.out / 'passwd'}" in conf and f"acl_file {setup.out / 'acl'}" in conf
+    assert (
+        f"password_file {setup.out / 'passwd'}" in conf and f"acl_file {setup.out / 'acl'}" in conf
+    )
     assert f"listener {setup.port} 127.0.0.1" in conf and f"max_packet_size {MAX_PACKET}" in conf
     assert f"certfile {setup.out / 'tls' / 'server.crt'}" in conf
     passwd = (setup.out / "passwd").read_text()
     assert sorted(line.split(":")[0] for line in passwd.splitlines()) == ["0", "1", "coordinator"]
     assert all(pw not in passwd for pw in setup.passwords.values())  # salted hashes only
-    for private in ("passwd", "acl", "credentials/0.env", "credentials/coordinator.env", "tls/ca.key",
-                    "tls/server.key"):
+    for private in (
+        "passwd",
+        "acl",
+        "credentials/0.env",
+        "credentials/coordinator.env",
+        "tls/ca.key",
+        "tls/server.key",
+    ):
         assert stat.S_IMODE((setup.out / private).stat().st_mode) == 0o600, private
     acl = (setup.out / "acl").read_text()
     assert f"user coordinator\ntopic readwrite {BASE}/#" in acl
     assert f"user 0\ntopic write {BASE}/status/0\ntopic write {BASE}/round/+/up/0\n" in acl
-    assert f"topic read {BASE}/round/+/down/0" in acl and f"topic read {BASE}/round/+/down/1\n" not in \
-        acl.split("user 1")[0]
+    assert (
+        f"topic read {BASE}/round/+/down/0" in acl
+        and f"topic read {BASE}/round/+/down/1\n" not in acl.split("user 1")[0]
+    )
     env = read_env_file(setup.env_file("0"))
     assert env["MQTTFL_BROKER__USERNAME"] == "0" and env["MQTTFL_BROKER__TLS_CA"] == str(setup.ca)
 
@@ -121,7 +189,9 @@ def test_init_writes_conf_hashed_passwords_acl_and_tls(setup: BrokerSetup) -> No
 def test_init_with_ids_refuses_bad_identities_and_overwrites(tmp_path: Path) -> None:
     init_broker(tmp_path / "b", client_ids(ids="kitchen,hall"))
     assert "cafile" not in (tmp_path / "b" / "mosquitto.conf").read_text()
-    assert "user kitchen\ntopic write mqttfl/+/status/kitchen" in (tmp_path / "b" / "acl").read_text()
+    assert (
+        "user kitchen\ntopic write mqttfl/+/status/kitchen" in (tmp_path / "b" / "acl").read_text()
+    )
     with pytest.raises(MqttflError, match="--force"):
         init_broker(tmp_path / "b", ["kitchen"])
     for ids in ("a/b", "coordinator", "x,x", "all", ""):
@@ -131,25 +201,57 @@ def test_init_with_ids_refuses_bad_identities_and_overwrites(tmp_path: Path) -> 
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "a/b" in bad.stderr
 
 
-def test_anonymous_and_wrong_password_are_refused(setup: BrokerSetup, secure_broker: LocalBroker) -> None:
+def test_anonymous_and_wrong_password_are_refused(
+    setup: BrokerSetup, secure_broker: LocalBroker
+) -> None:
     anonymous = pub(setup, None, f"{BASE}/round/1/up/0")
-    assert anonymous.returncode != 0 and "not authori" in (anonymous.stderr + anonymous.stdout).lower()
+    assert (
+        anonymous.returncode != 0 and "not authori" in (anonymous.stderr + anonymous.stdout).lower()
+    )
     wrong = pub(setup, "0", f"{BASE}/round/1/up/0", password="guess")
     assert wrong.returncode != 0 and "not authori" in (wrong.stderr + wrong.stdout).lower()
-    stolen = pub(setup, "0", f"{BASE}/round/1/up/0", password=setup.passwords["1"])  # B's password for A
+    stolen = pub(
+        setup, "0", f"{BASE}/round/1/up/0", password=setup.passwords["1"]
+    )  # B's password for A
     assert stolen.returncode != 0
-    plain = subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(setup.port), "-u", "0", "-P",
-                            setup.passwords["0"], "-t", f"{BASE}/round/1/up/0", "-m", "x"],
-                           capture_output=True, text=True, timeout=20)
+    plain = subprocess.run(
+        [
+            "mosquitto_pub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(setup.port),
+            "-u",
+            "0",
+            "-P",
+            setup.passwords["0"],
+            "-t",
+            f"{BASE}/round/1/up/0",
+            "-m",
+            "x",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert plain.returncode != 0  # no TLS, no talk
 
 
-def test_a_client_can_only_publish_its_own_topics(setup: BrokerSetup, secure_broker: LocalBroker,
-                                                  tmp_path: Path) -> None:
+def test_a_client_can_only_publish_its_own_topics(
+    setup: BrokerSetup, secure_broker: LocalBroker, tmp_path: Path
+) -> None:
     coordinator = Sub(setup, "coordinator", [f"{BASE}/#"], tmp_path / "coordinator.out")
     try:
-        forged = [f"{BASE}/round/1/up/1", f"{BASE}/round/1/metrics/1", f"{BASE}/status/1", f"{BASE}/state",
-                  f"{BASE}/round/2/start", f"{BASE}/round/1/down/all", f"{BASE}/round/1/down/1", "mqttfl/other/x"]
+        forged = [
+            f"{BASE}/round/1/up/1",
+            f"{BASE}/round/1/metrics/1",
+            f"{BASE}/status/1",
+            f"{BASE}/state",
+            f"{BASE}/round/2/start",
+            f"{BASE}/round/1/down/all",
+            f"{BASE}/round/1/down/1",
+            "mqttfl/other/x",
+        ]
         for topic in forged:  # client 0 impersonating client 1 or the coordinator
             denied = pub(setup, "0", topic, "forged")
             assert "not authorized" in (denied.stderr + denied.stdout).lower(), topic
@@ -160,13 +262,21 @@ def test_a_client_can_only_publish_its_own_topics(setup: BrokerSetup, secure_bro
     assert coordinator.lines() == [f"{BASE}/round/1/up/0 own"]  # none of the forgeries arrived
 
 
-def test_a_client_cannot_read_another_clients_downlink(setup: BrokerSetup, secure_broker: LocalBroker,
-                                                       tmp_path: Path) -> None:
-    spy = Sub(setup, "0", [f"{BASE}/round/+/down/1", f"{BASE}/round/+/up/+", "mqttfl/#",
-                           f"{BASE}/round/+/down/0"], tmp_path / "spy.out")
+def test_a_client_cannot_read_another_clients_downlink(
+    setup: BrokerSetup, secure_broker: LocalBroker, tmp_path: Path
+) -> None:
+    spy = Sub(
+        setup,
+        "0",
+        [f"{BASE}/round/+/down/1", f"{BASE}/round/+/up/+", "mqttfl/#", f"{BASE}/round/+/down/0"],
+        tmp_path / "spy.out",
+    )
     try:
         for topic in (f"{BASE}/round/1/down/1", f"{BASE}/round/1/up/1"):
-            assert pub(setup, "coordinator" if "down" in topic else "1", topic, "secret").returncode == 0
+            assert (
+                pub(setup, "coordinator" if "down" in topic else "1", topic, "secret").returncode
+                == 0
+            )
         assert pub(setup, "coordinator", f"{BASE}/round/1/down/0", "mine").returncode == 0
         spy.wait_for(f"{BASE}/round/1/down/0 mine")
     finally:
@@ -174,20 +284,35 @@ def test_a_client_cannot_read_another_clients_downlink(setup: BrokerSetup, secur
     assert all("secret" not in line for line in spy.lines()), spy.lines()
 
 
-def test_an_oversize_publish_disconnects_its_sender(setup: BrokerSetup, secure_broker: LocalBroker,
-                                                   tmp_path: Path) -> None:
+def test_an_oversize_publish_disconnects_its_sender(
+    setup: BrokerSetup, secure_broker: LocalBroker, tmp_path: Path
+) -> None:
     big = tmp_path / "big.bin"
     big.write_bytes(b"\0" * (MAX_PACKET + 100_000))
-    result = subprocess.run(["mosquitto_pub", *_as(setup, "0"), "-q", "1", "-t", f"{BASE}/round/1/up/0",
-                             "-f", str(big)], capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [
+            "mosquitto_pub",
+            *_as(setup, "0"),
+            "-q",
+            "1",
+            "-t",
+            f"{BASE}/round/1/up/0",
+            "-f",
+            str(big),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode != 0
     log = (setup.out / "mosquitto.log").read_text()
     assert "disconnected due to oversize packet" in log
 
 
 @pytest.mark.slow
-def test_a_legitimate_federation_completes_under_these_rules(setup: BrokerSetup, secure_broker: LocalBroker,
-                                                             tmp_path: Path) -> None:
+def test_a_legitimate_federation_completes_under_these_rules(
+    setup: BrokerSetup, secure_broker: LocalBroker, tmp_path: Path
+) -> None:
     fed = Federation(tmp_path, secure_broker, clients=2, rounds=2, broker_url=setup.url)
     with fed:
         fed.start_coordinator(env=setup.env("coordinator"))
@@ -207,7 +332,8 @@ def test_a_legitimate_federation_completes_under_these_rules(setup: BrokerSetup,
 
 
 def test_credentials_come_from_config_or_environment_never_the_command_line(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(ConfigError, match="MQTTFL_BROKER__PASSWORD"):
         load_config("configs/fedapa-csi.toml", ["broker.password=hunter2"])
     monkeypatch.setenv("MQTTFL_BROKER__PASSWORD", "from-env")

@@ -40,8 +40,13 @@ SAMPLES = [
     # csiread fails on the header row of this PASSIVE capture; the tolerant reader parses it
     ("esp32/example_data_passive_header.csv", "esp32", (60, 64), 47, 51),
 ]
-FORMAT_OF_DIR = {"intel5300": "intel5300", "intel5300-activity": "intel5300", "atheros": "atheros",
-                 "nexmon": "nexmon", "esp32": "esp32"}
+FORMAT_OF_DIR = {
+    "intel5300": "intel5300",
+    "intel5300-activity": "intel5300",
+    "atheros": "atheros",
+    "nexmon": "nexmon",
+    "esp32": "esp32",
+}
 
 
 def _kwargs(path: Path) -> dict:
@@ -68,7 +73,9 @@ def test_sample_files_parse_to_documented_shapes(rel, fmt, shape, kept, kept_wit
 def test_every_sample_file_parses_or_fails_clearly():
     root = require_shared("csi-samples")
     seen = 0
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("LICENSE")):
+    for path in sorted(
+        p for p in root.rglob("*") if p.is_file() and not p.name.startswith("LICENSE")
+    ):
         fmt = FORMAT_OF_DIR[path.relative_to(root).parts[0]]
         try:
             csi = read_capture(path, fmt, **_kwargs(path))
@@ -264,7 +271,9 @@ def test_user_subcarrier_positions(tmp_path):
     assert str(path) in str(info.value)
 
 
-@pytest.mark.parametrize(("packets", "window", "stride"), [(100, 10, None), (105, 10, 5), (57, 7, 3), (20, 10, None)])
+@pytest.mark.parametrize(
+    ("packets", "window", "stride"), [(100, 10, None), (105, 10, 5), (57, 7, 3), (20, 10, None)]
+)
 def test_time_split_never_shares_a_packet(packets, window, stride):
     train, test = split_windows_by_time(packets, window, stride, 0.2)
     assert len(test) >= 1

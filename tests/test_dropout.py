@@ -36,14 +36,33 @@ def _wait_for(predicate, timeout: float) -> None:  # noqa: ANN001
 def test_sigkill_of_one_client_mid_run(broker: LocalBroker, tmp_path: Path) -> None:
     out, logs = tmp_path / "run", tmp_path / "logs"
     env = {"MQTTFL_LOG_DIR": str(logs)}
-    common = ["--config", CONFIG, "--broker", broker.url, "--set", "rounds=6", "--set", "federation.num_clients=3",
-              *sum((["--set", s] for s in FAST), [])]
+    common = [
+        "--config",
+        CONFIG,
+        "--broker",
+        broker.url,
+        "--set",
+        "rounds=6",
+        "--set",
+        "federation.num_clients=3",
+        *sum((["--set", s] for s in FAST), []),
+    ]
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        procs["coordinator"] = spawn("coordinator", *common, "--out", str(out), log=tmp_path / "c.out", env=env)
+        procs["coordinator"] = spawn(
+            "coordinator", *common, "--out", str(out), log=tmp_path / "c.out", env=env
+        )
         for cid in "012":
-            procs[cid] = spawn("client", *common, "--id", cid, "--state-dir", str(tmp_path / "state"),
-                               log=tmp_path / f"{cid}.out", env=env)
+            procs[cid] = spawn(
+                "client",
+                *common,
+                "--id",
+                cid,
+                "--state-dir",
+                str(tmp_path / "state"),
+                log=tmp_path / f"{cid}.out",
+                env=env,
+            )
         coordinator_log = logs / "coordinator.jsonl"
 
         def closed_rounds() -> list[int]:
@@ -53,8 +72,23 @@ def test_sigkill_of_one_client_mid_run(broker: LocalBroker, tmp_path: Path) -> N
         os.killpg(procs["2"].pid, signal.SIGKILL)
         killed_after = max(closed_rounds())
         # a hostile upload for a round that does not exist yet: rejected, run goes on
-        subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker.port), "-q", "1",
-                        "-t", "mqttfl/fedapa-csi/round/99/up/0", "-m", "garbage"], check=True, timeout=10)
+        subprocess.run(
+            [
+                "mosquitto_pub",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(broker.port),
+                "-q",
+                "1",
+                "-t",
+                "mqttfl/fedapa-csi/round/99/up/0",
+                "-m",
+                "garbage",
+            ],
+            check=True,
+            timeout=10,
+        )
 
         assert procs["coordinator"].wait(timeout=240) == 0, (tmp_path / "c.out").read_text()[-3000:]
         for cid in "01":

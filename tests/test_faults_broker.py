@@ -23,10 +23,17 @@ def test_broker_restart_mid_round_every_party_reconnects(tmp_path: Path) -> None
     # Client 0 trains for much longer than the others, so it is still training when
     # everyone is back: the coordinator must wait for its upload, not close the round
     # as soon as the broker returns.
-    with LocalBroker(tmp_path / "broker", persistence=True) as broker, \
-            Federation(tmp_path, broker, clients=n, rounds=rounds,
-                       overrides=["federation.round_timeout_s=60"],
-                       client_overrides={"0": ["train.local_epochs=25"]}) as fed:
+    with (
+        LocalBroker(tmp_path / "broker", persistence=True) as broker,
+        Federation(
+            tmp_path,
+            broker,
+            clients=n,
+            rounds=rounds,
+            overrides=["federation.round_timeout_s=60"],
+            client_overrides={"0": ["train.local_epochs=25"]},
+        ) as fed,
+    ):
         fed.start()
         fed.wait_round_started(3, timeout=180)
         # Down long enough for the reconnect backoff to grow; same port after; retained
@@ -39,13 +46,21 @@ def test_broker_restart_mid_round_every_party_reconnects(tmp_path: Path) -> None
 
     assert summary["rounds_completed"] == rounds
     closed = fed.closed_rounds()
-    assert sorted(closed) == list(range(1, rounds + 1)) and all(len(v) == 1 for v in closed.values())
+    assert sorted(closed) == list(range(1, rounds + 1)) and all(
+        len(v) == 1 for v in closed.values()
+    )
     assert fed.stalled_rounds() == []
     for name in ["coordinator", *map(str, range(n))]:
         bus = [e for e in fed.events(name) if e["event"].startswith("broker.")]
         assert [e["event"] for e in bus][:2] == ["broker.connected", "broker.disconnected"], name
-        assert max(e.get("connections", 0) for e in bus) == 2, name  # reconnected once, with backoff
-        retries = [e["retry_in_s"] for e in bus if e["event"] in ("broker.disconnected", "broker.unreachable")]
+        assert max(e.get("connections", 0) for e in bus) == 2, (
+            name
+        )  # reconnected once, with backoff
+        retries = [
+            e["retry_in_s"]
+            for e in bus
+            if e["event"] in ("broker.disconnected", "broker.unreachable")
+        ]
         assert retries == sorted(retries), name  # the backoff grows while the broker is away
     # Nothing was lost to the restart: every selected client of every round was aggregated.
     assert summary["missing_uploads"] == 0, [e for e in fed.events(event="upload.missing")]
@@ -60,14 +75,22 @@ def test_broker_restart_mid_round_every_party_reconnects(tmp_path: Path) -> None
     assert summary["rejections"].get("duplicate", 0) <= resent + n
     wire = uploads_on_the_wire(witness)  # from the restart on
     verdicts = fed.outcomes()
-    assert all(len([v for v in verdicts[key] if v != "missing"]) >= count for key, count in wire.items())
-    print("FIGURES broker-restart", json.dumps({"broker_restarts_survived": 1, "rounds": rounds,
-                                                "stalled": len(fed.stalled_rounds())}))
+    assert all(
+        len([v for v in verdicts[key] if v != "missing"]) >= count for key, count in wire.items()
+    )
+    print(
+        "FIGURES broker-restart",
+        json.dumps(
+            {"broker_restarts_survived": 1, "rounds": rounds, "stalled": len(fed.stalled_rounds())}
+        ),
+    )
 
 
 async def _receive_one(port: int, identifier: str, topic: str, timeout: float) -> bytes | None:
     """Reconnect a persistent session and return the first message queued for it."""
-    async with aiomqtt.Client("127.0.0.1", port, identifier=identifier, clean_session=False) as client:
+    async with aiomqtt.Client(
+        "127.0.0.1", port, identifier=identifier, clean_session=False
+    ) as client:
         try:
             async with asyncio.timeout(timeout):
                 async for message in client.messages:
@@ -85,7 +108,9 @@ def test_local_broker_keeps_queued_messages_across_a_restart(tmp_path: Path) -> 
     topic, identifier = "mqttfl/t/round/1/up/0", "persistent-subscriber"
 
     async def subscribe_then_leave(port: int) -> None:
-        async with aiomqtt.Client("127.0.0.1", port, identifier=identifier, clean_session=False) as client:
+        async with aiomqtt.Client(
+            "127.0.0.1", port, identifier=identifier, clean_session=False
+        ) as client:
             await client.subscribe(topic, qos=1)
 
     async def publish(port: int) -> None:

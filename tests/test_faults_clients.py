@@ -55,7 +55,9 @@ class Storm:
                     if t >= first and cid in selected:
                         return t
                 seen = len(self.starts)
-                assert self.new_start.wait(timeout=max(0.0, deadline - time.monotonic())), f"no round for {cid}"
+                assert self.new_start.wait(timeout=max(0.0, deadline - time.monotonic())), (
+                    f"no round for {cid}"
+                )
 
     def kill_mid_training(self, cid: str, first: int) -> None:
         t = self.next_round_with(cid, first)
@@ -72,13 +74,20 @@ class Storm:
     def kill_mid_upload(self, cid: str, first: int) -> None:
         killed = threading.Event()
         self.armed[cid] = (first, killed)
-        self.fed.wait_for(killed.is_set, timeout=90, what=f"client {cid}'s upload in a round >= {first}")
+        self.fed.wait_for(
+            killed.is_set, timeout=90, what=f"client {cid}'s upload in a round >= {first}"
+        )
 
 
 def test_kill_storm_nothing_stalls_nothing_is_lost(broker: LocalBroker, tmp_path: Path) -> None:
     rounds, n = 10, 8
-    with Federation(tmp_path, broker, clients=n, rounds=rounds,
-                    overrides=["federation.round_timeout_s=12", "data.samples_per_client=120"]) as fed:
+    with Federation(
+        tmp_path,
+        broker,
+        clients=n,
+        rounds=rounds,
+        overrides=["federation.round_timeout_s=12", "data.samples_per_client=120"],
+    ) as fed:
         storm = Storm(fed, seed=20240611)
         a, b, c, d = storm.rng.sample([str(i) for i in range(n)], 4)
         restarts: list[tuple[float, str]] = []
@@ -87,8 +96,11 @@ def test_kill_storm_nothing_stalls_nothing_is_lost(broker: LocalBroker, tmp_path
             fed.start_client(cid)
             restarts.append((time.time(), cid))
 
-        with Witness(broker.port, [f"{BASE}/round/+/start", f"{BASE}/round/+/up/+"],
-                     on_message=storm.witness_callback) as witness:
+        with Witness(
+            broker.port,
+            [f"{BASE}/round/+/start", f"{BASE}/round/+/up/+"],
+            on_message=storm.witness_callback,
+        ) as witness:
             fed.start()
             storm.kill_mid_training(a, 2)
             restart(a)  # restarted early: a process start takes several seconds on a busy machine
@@ -102,20 +114,28 @@ def test_kill_storm_nothing_stalls_nothing_is_lost(broker: LocalBroker, tmp_path
     assert len(set(kills)) >= 0.3 * n and len(kills) == 4
     assert summary["rounds_completed"] == rounds
     closed = fed.closed_rounds()
-    assert sorted(closed) == list(range(1, rounds + 1)) and all(len(v) == 1 for v in closed.values())
+    assert sorted(closed) == list(range(1, rounds + 1)) and all(
+        len(v) == 1 for v in closed.values()
+    )
     assert fed.stalled_rounds() == []
 
     # Never silently lost: every upload that crossed the broker has exactly one verdict at the
     # coordinator, and every selected client of a closed round was aggregated or logged missing.
     outcomes = fed.outcomes()
-    verdicts = Counter({key: sum(1 for o in found if o != "missing") for key, found in outcomes.items()})
+    verdicts = Counter(
+        {key: sum(1 for o in found if o != "missing") for key, found in outcomes.items()}
+    )
     wire = uploads_on_the_wire(witness)
     assert +verdicts == wire
     for t in range(1, rounds + 1):
         selected = fed.started(t)[-1]["selected"]
         for cid in selected:
-            assert "accepted" in outcomes.get((t, cid), []) or "missing" in outcomes.get((t, cid), []), (t, cid)
-        assert closed[t][0]["uploads"] == sum("accepted" in outcomes.get((t, c), []) for c in selected)
+            assert "accepted" in outcomes.get((t, cid), []) or "missing" in outcomes.get(
+                (t, cid), []
+            ), (t, cid)
+        assert closed[t][0]["uploads"] == sum(
+            "accepted" in outcomes.get((t, c), []) for c in selected
+        )
     for cid in map(str, range(n)):  # what a client logged as sent did reach the broker
         assert all(wire[(t, cid)] >= 1 for t in fed.uploads_sent(cid))
     assert set(summary["rejections"]) <= {"duplicate", "stale"}  # re-sends after a kill, all logged
@@ -129,25 +149,43 @@ def test_kill_storm_nothing_stalls_nothing_is_lost(broker: LocalBroker, tmp_path
         assert resumed and resumed[0]["trained_round"] >= 1, cid
         back = next(timestamp(e) for e in online if e["client"] == cid and timestamp(e) >= at)
         startup.append(round(back - at, 1))
-        assert back - at < 3 * fed.round_timeout_s, f"client {cid} took {back - at:.1f}s to come back"
+        assert back - at < 3 * fed.round_timeout_s, (
+            f"client {cid} took {back - at:.1f}s to come back"
+        )
         nxt = [e for e in fed.events(event="round.started") if timestamp(e) > back]
         if nxt:
             assert cid in nxt[0]["selected"]
             assert "accepted" in outcomes.get((nxt[0]["round"], cid), []), (cid, nxt[0]["round"])
             rejoined += 1
     assert rejoined == len(restarts) == 2
-    figures = {"clients": n, "kills": len(kills), "clients_killed": len(set(kills)), "restarts": len(restarts),
-               "rejoined_next_round": rejoined, "restart_to_online_s": startup,
-               "stalled_rounds": len(fed.stalled_rounds()), "uploads_on_wire": sum(wire.values()),
-               "unaccounted": sum((wire - verdicts).values()), "rejections": summary["rejections"],
-               "moments": storm.moments}
+    figures = {
+        "clients": n,
+        "kills": len(kills),
+        "clients_killed": len(set(kills)),
+        "restarts": len(restarts),
+        "rejoined_next_round": rejoined,
+        "restart_to_online_s": startup,
+        "stalled_rounds": len(fed.stalled_rounds()),
+        "uploads_on_wire": sum(wire.values()),
+        "unaccounted": sum((wire - verdicts).values()),
+        "rejections": summary["rejections"],
+        "moments": storm.moments,
+    }
     print("FIGURES kill-storm", json.dumps(figures))
 
 
-def test_straggler_late_upload_is_stale_and_it_catches_up(broker: LocalBroker, tmp_path: Path) -> None:
+def test_straggler_late_upload_is_stale_and_it_catches_up(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
     # Client 2 is a slow device (more local epochs); it is frozen mid-training in round 2.
-    with Federation(tmp_path, broker, clients=3, rounds=3, overrides=["federation.round_timeout_s=6"],
-                    client_overrides={"2": ["train.local_epochs=40"]}) as fed:
+    with Federation(
+        tmp_path,
+        broker,
+        clients=3,
+        rounds=3,
+        overrides=["federation.round_timeout_s=6"],
+        client_overrides={"2": ["train.local_epochs=40"]},
+    ) as fed:
         fed.start()
         fed.wait_training("2", 2, timeout=90)  # frozen mid-training, whatever the machine's speed
         fed.stop("2")
@@ -157,7 +195,10 @@ def test_straggler_late_upload_is_stale_and_it_catches_up(broker: LocalBroker, t
         summary = fed.finish(timeout=120)
 
     outcomes = fed.outcomes()
-    assert sorted(outcomes[(2, "2")]) == ["missing", "upload.late:stale"]  # logged missing, then late
+    assert sorted(outcomes[(2, "2")]) == [
+        "missing",
+        "upload.late:stale",
+    ]  # logged missing, then late
     late = [e for e in fed.events(event="upload.late") if e["client"] == "2"]
     assert [e["round"] for e in late] == [2] and "after it closed" in late[0]["detail"]
     closed2 = fed.closed_rounds()[2][0]
@@ -179,11 +220,23 @@ def test_partial_participation_and_too_few_clients(broker: LocalBroker, tmp_path
         rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
         return {r["client_id"] for r in rows if r["round"] == t}
 
-    with Federation(tmp_path, broker, clients=n, rounds=rounds,
-                    overrides=["federation.fraction=0.5", "federation.min_clients=2",
-                               "federation.round_timeout_s=8"]) as fed:
+    with Federation(
+        tmp_path,
+        broker,
+        clients=n,
+        rounds=rounds,
+        overrides=[
+            "federation.fraction=0.5",
+            "federation.min_clients=2",
+            "federation.round_timeout_s=8",
+        ],
+    ) as fed:
         fed.start()
-        fed.wait_for(lambda: reported(1) == reported(2) == everyone, timeout=120, what="metrics of rounds 1-2")
+        fed.wait_for(
+            lambda: reported(1) == reported(2) == everyone,
+            timeout=120,
+            what="metrics of rounds 1-2",
+        )
         now = fed.events(event="round.started")[-1]
         survivor = next(c for c in sorted(everyone) if c not in now["selected"])
         for cid in sorted(everyone - {survivor}):
@@ -195,7 +248,9 @@ def test_partial_participation_and_too_few_clients(broker: LocalBroker, tmp_path
             fed.start_client(cid)
         summary = fed.finish(timeout=180)
 
-    started = {e["round"]: e for e in fed.events(event="round.started")}  # the last attempt of each round
+    started = {
+        e["round"]: e for e in fed.events(event="round.started")
+    }  # the last attempt of each round
     closed = fed.closed_rounds()
     assert sorted(closed) == list(range(1, rounds + 1))
     for t in (1, 2):  # two of four selected; everyone stays connected and reports metrics
@@ -204,11 +259,19 @@ def test_partial_participation_and_too_few_clients(broker: LocalBroker, tmp_path
     for t in (1, 2):
         by_client = {r["client_id"]: r for r in rows if r["round"] == t}
         assert set(by_client) == set(map(str, range(n)))
-        assert {c for c, r in by_client.items() if not r["selected"]} == everyone - set(started[t]["selected"])
-    assert not [e for e in fed.events(event="client.offline") if timestamp(e) < timestamp(closed[2][0])]
+        assert {c for c, r in by_client.items() if not r["selected"]} == everyone - set(
+            started[t]["selected"]
+        )
+    assert not [
+        e for e in fed.events(event="client.offline") if timestamp(e) < timestamp(closed[2][0])
+    ]
     # Too few: the round waited or retried with a reason, and never aggregated fewer than min_clients.
-    reasons = {e["reason"] for e in fed.events() if e["event"] in ("round.waiting", "round.retried")}
+    reasons = {
+        e["reason"] for e in fed.events() if e["event"] in ("round.waiting", "round.retried")
+    }
     assert "too few live clients" in reasons
     assert all(e["uploads"] >= 2 for e in fed.events(event="round.closed"))
     assert summary["rounds_completed"] == rounds
-    print("FIGURES partial", json.dumps({"retries": summary["retries"], "reasons": sorted(reasons)}))
+    print(
+        "FIGURES partial", json.dumps({"retries": summary["retries"], "reasons": sorted(reasons)})
+    )

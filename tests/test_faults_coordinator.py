@@ -24,22 +24,31 @@ ROUNDS, CRASH_ROUND, CLIENTS = 4, 3, "012"
 
 
 @pytest.mark.slow
-def test_coordinator_sigkill_mid_round_resumes_from_its_journal(broker: LocalBroker, tmp_path: Path) -> None:
+def test_coordinator_sigkill_mid_round_resumes_from_its_journal(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
     with Federation(tmp_path, broker, clients=len(CLIENTS), rounds=ROUNDS) as fed:
         crashed: list[float] = []
 
         def crash_on_first_upload(seen: Seen) -> None:
             parts = topic_parts(seen.topic)
             if not crashed and parts[:2] == ["round", str(CRASH_ROUND)] and parts[2] == "up":
-                os.killpg(fed.pid("coordinator"), signal.SIGKILL)  # the instant an upload is in flight
+                os.killpg(
+                    fed.pid("coordinator"), signal.SIGKILL
+                )  # the instant an upload is in flight
                 crashed.append(seen.at)
 
         base = f"mqttfl/{RUN_ID}"
-        with Witness(broker.port, [f"{base}/round/+/start", f"{base}/round/+/up/+", f"{base}/round/+/down/all"],
-                     on_message=crash_on_first_upload) as witness:
+        with Witness(
+            broker.port,
+            [f"{base}/round/+/start", f"{base}/round/+/up/+", f"{base}/round/+/down/all"],
+            on_message=crash_on_first_upload,
+        ) as witness:
             fed.start()
             client_pids = {cid: fed.pid(cid) for cid in CLIENTS}
-            fed.wait_for(lambda: crashed, timeout=120, what=f"the first upload of round {CRASH_ROUND}")
+            fed.wait_for(
+                lambda: crashed, timeout=120, what=f"the first upload of round {CRASH_ROUND}"
+            )
             assert fed.procs["coordinator"].wait(timeout=10) == -signal.SIGKILL
             assert fed.last_closed() == CRASH_ROUND - 1
             fed.start_coordinator()  # same --out: resumes from checkpoint.msgpack
@@ -50,7 +59,11 @@ def test_coordinator_sigkill_mid_round_resumes_from_its_journal(broker: LocalBro
             assert len(fed.events(cid, "client.started")) == 1
             assert sorted(set(fed.uploads_sent(cid))) == list(range(1, ROUNDS + 1))
         # Whoever had uploaded to the dead coordinator sent the same upload to the new one.
-        resent = {cid for cid in CLIENTS if any(e["round"] == CRASH_ROUND for e in fed.events(cid, "upload.resent"))}
+        resent = {
+            cid
+            for cid in CLIENTS
+            if any(e["round"] == CRASH_ROUND for e in fed.events(cid, "upload.resent"))
+        }
         assert resent and all(CRASH_ROUND in fed.uploads_sent(cid) for cid in resent)
 
     events = fed.events()
@@ -64,16 +77,21 @@ def test_coordinator_sigkill_mid_round_resumes_from_its_journal(broker: LocalBro
         broadcasts.setdefault(int(topic_parts(m.topic)[1]), set()).add(m.payload)
     assert {t: len(p) for t, p in broadcasts.items()} == {t: 1 for t in range(1, ROUNDS + 1)}
     # The resumed round runs with every client and the schedule of its own round number.
-    resumed_close = next(e for e in events if e["event"] == "round.closed" and e["round"] == CRASH_ROUND)
+    resumed_close = next(
+        e for e in events if e["event"] == "round.closed" and e["round"] == CRASH_ROUND
+    )
     assert resumed_close["uploads"] == len(CLIENTS) and resumed_close["missing"] == []
-    starts = [decode(m.payload) for m in witness.seen(lambda m: m.topic.endswith(f"/round/{CRASH_ROUND}/start"))]
+    starts = [
+        decode(m.payload)
+        for m in witness.seen(lambda m: m.topic.endswith(f"/round/{CRASH_ROUND}/start"))
+    ]
     assert len(starts) == 2  # once by each coordinator
     config = load_config(fed.config, fed.all_overrides)
     want = get_algorithm(config.method).server(make_context(config)).round_params(CRASH_ROUND)
     assert [s.body["params"] for s in starts] == [want, want]
     # Counters restored from the checkpoint: the summary counts every aggregated upload once.
     before = events[: events.index(resumed[0])]
-    after = events[events.index(resumed[0]):]
+    after = events[events.index(resumed[0]) :]
     aggregated = [e for e in before if e["event"] == "upload.accepted" and e["round"] < CRASH_ROUND]
     aggregated += [e for e in after if e["event"] == "upload.accepted"]
     assert summary["comm"]["up_bytes_total"] == sum(e["bytes"] for e in aggregated)
@@ -119,8 +137,11 @@ def test_checkpoint_restores_server_state_counters_and_the_next_round(tmp_path: 
     first.server.state_dict = bank.state_dict
     first.gate.rejections.update({"stale": 2})
     first.comm["up_bytes"] = 1234
-    sent = messages.encode_downlinks(config.run_id, 3, Downlinks(broadcast={"p": np.ones(2, np.float32)},
-                                                                 personal={"0": {"q": np.zeros(1)}}))
+    sent = messages.encode_downlinks(
+        config.run_id,
+        3,
+        Downlinks(broadcast={"p": np.ones(2, np.float32)}, personal={"0": {"q": np.zeros(1)}}),
+    )
     first._save_checkpoint(3, sent)
     first.journal.sync_checkpoint()
 

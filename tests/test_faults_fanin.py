@@ -23,10 +23,20 @@ pytestmark = pytest.mark.slow
 
 def test_fan_in_of_100_simultaneous_uploads(broker: LocalBroker, tmp_path: Path) -> None:
     n, rounds = 100, 2
-    with Federation(tmp_path, broker, clients=n, rounds=rounds,
-                    overrides=["model.embed_dim=16", "federation.round_timeout_s=30",
-                               "federation.final_metrics_timeout_s=10"]) as fed, \
-            Witness(broker.port, [DROPPED, f"mqttfl/{RUN_ID}/round/+/up/+"]) as witness:
+    with (
+        Federation(
+            tmp_path,
+            broker,
+            clients=n,
+            rounds=rounds,
+            overrides=[
+                "model.embed_dim=16",
+                "federation.round_timeout_s=30",
+                "federation.final_metrics_timeout_s=10",
+            ],
+        ) as fed,
+        Witness(broker.port, [DROPPED, f"mqttfl/{RUN_ID}/round/+/up/+"]) as witness,
+    ):
         fed.start_coordinator()
         fed.start_load(n)
         summary = fed.finish(timeout=120)
@@ -45,5 +55,14 @@ def test_fan_in_of_100_simultaneous_uploads(broker: LocalBroker, tmp_path: Path)
     assert summary["rejections"] == {} and summary["missing_uploads"] == 0
     first = [m.at for m in witness.seen(lambda m: topic_parts(m.topic)[:2] == ["round", "1"])]
     spread = max(first) - min(first)
-    print("FIGURES fan-in", json.dumps({"clients": n, "uploads": sum(wire.values()), "dropped": max(dropped),
-                                        "round1_upload_spread_s": round(spread, 3)}))
+    print(
+        "FIGURES fan-in",
+        json.dumps(
+            {
+                "clients": n,
+                "uploads": sum(wire.values()),
+                "dropped": max(dropped),
+                "round1_upload_spread_s": round(spread, 3),
+            }
+        ),
+    )

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_methods_math import Federation
 
 from mqttfl.algorithms.base import ClientInfo, Context, Upload
 from mqttfl.algorithms.fedali import (
@@ -20,7 +21,6 @@ from mqttfl.algorithms.weights import flatten_weights, weights_length
 from mqttfl.errors import ConfigError
 from mqttfl.models import build_model
 from mqttfl.models.transformer import ALPLayer, ema_update, sinkhorn
-from test_methods_math import Federation
 
 
 # --- Eq. 3: Sinkhorn-Knopp ---------------------------------------------------------------
@@ -30,9 +30,13 @@ def test_sinkhorn_by_hand() -> None:
     # [[0.6, 0.4], [1/3, 2/3]]; three rounds give [[45/71, 26/71], [15/41, 26/41]].
     scores = torch.tensor([[math.log(3.0), 0.0], [0.0, 0.0]], dtype=torch.float64)
     once = sinkhorn(scores, epsilon=1.0, iterations=1)
-    torch.testing.assert_close(once, torch.tensor([[0.6, 0.4], [1 / 3, 2 / 3]], dtype=torch.float64))
+    torch.testing.assert_close(
+        once, torch.tensor([[0.6, 0.4], [1 / 3, 2 / 3]], dtype=torch.float64)
+    )
     thrice = sinkhorn(scores, epsilon=1.0, iterations=3)
-    torch.testing.assert_close(thrice, torch.tensor([[45 / 71, 26 / 71], [15 / 41, 26 / 41]], dtype=torch.float64))
+    torch.testing.assert_close(
+        thrice, torch.tensor([[45 / 71, 26 / 71], [15 / 41, 26 / 41]], dtype=torch.float64)
+    )
 
 
 def test_sinkhorn_marginals_after_three_iterations() -> None:
@@ -42,6 +46,7 @@ def test_sinkhorn_marginals_after_three_iterations() -> None:
     plan = sinkhorn(x @ p.T, epsilon=0.05, iterations=3)
     # every embedding is fully assigned (the last step normalizes embeddings exactly) ...
     torch.testing.assert_close(plan.sum(dim=1), torch.ones(48), atol=1e-5, rtol=0)
+
     # ... while the prototypes' loads only approach the uniform N/K = 6: each iteration
     # narrows their spread (here 1.40 -> 0.84 -> 0.52 of N/K), well inside a plain
     # row-wise softmax's 0.87 after three
@@ -65,7 +70,9 @@ def test_ema_update_from_top_k_weighted_embeddings() -> None:
     plan = torch.tensor([[0.9, 0.1], [0.6, 0.4], [0.2, 0.8], [0.3, 0.7]])
     out = ema_update(prototypes, x, plan, gamma=0.9)
     assert out is prototypes  # in place
-    torch.testing.assert_close(prototypes, torch.tensor([[0.9 + 0.28, 0.0], [0.0, 0.9 + 0.1 * 58 / 15]]))
+    torch.testing.assert_close(
+        prototypes, torch.tensor([[0.9 + 0.28, 0.0], [0.0, 0.9 + 0.1 * 58 / 15]])
+    )
 
 
 def test_ema_update_with_one_embedding_per_prototype_is_a_plain_ema_step() -> None:
@@ -81,7 +88,9 @@ def _layer(local: list[list[float]], shared: list[list[float]]) -> ALPLayer:
     with torch.no_grad():  # GLU(p) = p ⊙ σ(0) = p/2
         layer.glu.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]]))
         layer.glu.bias.zero_()
-    layer.attach(torch.tensor(local), torch.tensor(shared), beta=0.2, gamma=0.5, epsilon=0.05, iterations=3)
+    layer.attach(
+        torch.tensor(local), torch.tensor(shared), beta=0.2, gamma=0.5, epsilon=0.05, iterations=3
+    )
     return layer
 
 
@@ -117,8 +126,14 @@ def test_prototypes_are_not_part_of_the_weights() -> None:
     model = build_model("transformer", num_classes=4, embed_dim=8)
     before = flatten_weights(model)
     for layer in model.alp_layers():  # type: ignore[operator]
-        layer.attach(torch.ones(16, layer.dim), torch.ones(16, layer.dim), beta=0.2, gamma=0.9,
-                     epsilon=0.05, iterations=3)
+        layer.attach(
+            torch.ones(16, layer.dim),
+            torch.ones(16, layer.dim),
+            beta=0.2,
+            gamma=0.9,
+            epsilon=0.05,
+            iterations=3,
+        )
     assert flatten_weights(model).shape == before.shape
     info = ClientInfo("0", "transformer", (0,), 10, (8, 6))
     ctx = Context(num_classes=4, embed_dim=8, rounds=2, seed=0, params=FedAliParams())
@@ -138,10 +153,13 @@ def test_kmeans_starts_from_the_sample_weighted_mean_of_local_prototypes() -> No
     stacked = np.array([[[0.0], [6.0]], [[4.0], [10.0]]])
     np.testing.assert_allclose(weighted_mean_prototypes(stacked, np.array([1, 3])), [[3.0], [9.0]])
     # equal counts start at 2 and 8: {0, 4} and {6, 10} is already a fixed point
-    np.testing.assert_allclose(global_prototypes(stacked, np.array([1, 1]), iterations=10), [[2.0], [8.0]])
+    np.testing.assert_allclose(
+        global_prototypes(stacked, np.array([1, 1]), iterations=10), [[2.0], [8.0]]
+    )
     # counts 7:1 start at 0.5 and 6.5: 4 joins the upper cluster, a different local optimum
-    np.testing.assert_allclose(global_prototypes(stacked, np.array([7, 1]), iterations=10),
-                               [[0.0], [20 / 3]], rtol=1e-6)
+    np.testing.assert_allclose(
+        global_prototypes(stacked, np.array([7, 1]), iterations=10), [[0.0], [20 / 3]], rtol=1e-6
+    )
 
 
 def test_server_averages_weights_and_sends_global_prototypes_only() -> None:
@@ -177,14 +195,26 @@ def test_fedali_refuses_models_without_alp_layers_and_wrong_counts() -> None:
 
 
 def test_aggregate_is_weighted_by_samples() -> None:
-    ctx = Context(num_classes=4, embed_dim=8, rounds=2, seed=0, params=FedAliParams(prototype_counts=(2, 2)))
+    ctx = Context(
+        num_classes=4, embed_dim=8, rounds=2, seed=0, params=FedAliParams(prototype_counts=(2, 2))
+    )
     n = weights_length(ctx, ClientInfo("0", "transformer", (0,), 1, (8, 6)))
 
     def up(cid: str, value: float, samples: int) -> Upload:
         info = ClientInfo(cid, "transformer", (0,), samples, (8, 6))
-        local = np.array([[value, 0.0], [0.0, value]], np.float32) @ np.ones((2, 32), np.float32) / 2
-        return Upload(cid, info, {"weights": np.full(n, value, np.float32), "num_samples": samples,
-                                  "local_0": local, "local_1": local})
+        local = (
+            np.array([[value, 0.0], [0.0, value]], np.float32) @ np.ones((2, 32), np.float32) / 2
+        )
+        return Upload(
+            cid,
+            info,
+            {
+                "weights": np.full(n, value, np.float32),
+                "num_samples": samples,
+                "local_0": local,
+                "local_1": local,
+            },
+        )
 
     down = FedAliServer(ctx).aggregate(1, [up("0", 1.0, 1), up("1", 5.0, 3)])
     np.testing.assert_allclose(down.broadcast["weights"]["transformer"], 4.0)  # (1 + 15) / 4

@@ -82,7 +82,9 @@ def test_mean_aggregation_ablation_gives_one_global_set() -> None:
     [(0, 0.0), (10, 0.5 * (1 - math.cos(math.pi / 5))), (25, 0.5), (50, 1.0), (80, 1.0)],
 )
 def test_cosine_warmup_eq_11(t: int, expected: float) -> None:
-    assert warmup_lambda(t, lambda_min=0.0, lambda_max=1.0, warmup_rounds=50) == pytest.approx(expected)
+    assert warmup_lambda(t, lambda_min=0.0, lambda_max=1.0, warmup_rounds=50) == pytest.approx(
+        expected
+    )
 
 
 def test_warmup_is_nondecreasing_and_respects_bounds() -> None:
@@ -127,12 +129,17 @@ def test_server_sends_each_client_its_own_q_and_everyone_the_padded_set() -> Non
     ctx = Context(num_classes=2, embed_dim=2, rounds=3, seed=0, params=FedAPAParams())
     info = ClientInfo("0", "tiny", (0, 1), 10, (4, 4))
     uploads = [
-        Upload("0", info, {"classes": np.array([0, 1]), "prototypes": P[0], "counts": np.array([3, 4])}),
-        Upload("1", info, {"classes": np.array([0]), "prototypes": P[1, :1], "counts": np.array([5])}),
+        Upload(
+            "0", info, {"classes": np.array([0, 1]), "prototypes": P[0], "counts": np.array([3, 4])}
+        ),
+        Upload(
+            "1", info, {"classes": np.array([0]), "prototypes": P[1, :1], "counts": np.array([5])}
+        ),
     ]
     down = FedAPAServer(ctx).aggregate(1, uploads)
     np.testing.assert_allclose(down.personal["1"]["q"], [[1, 0.642398], [0, 1]], atol=1e-6)
     assert down.broadcast["prototypes"].shape == (2, 2, 2)
     assert "weights" not in down.broadcast
-    assert FedAPAServer(ctx).round_params(25)["lambda"] == pytest.approx(warmup_lambda(
-        25, lambda_min=0, lambda_max=1, warmup_rounds=50))
+    assert FedAPAServer(ctx).round_params(25)["lambda"] == pytest.approx(
+        warmup_lambda(25, lambda_min=0, lambda_max=1, warmup_rounds=50)
+    )

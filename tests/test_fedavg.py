@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from mqttfl.algorithms.base import ClientInfo, Upload
-from mqttfl.algorithms.weights import average_by_group, flatten_weights, load_weights, weighted_average
+from mqttfl.algorithms.weights import (
+    average_by_group,
+    flatten_weights,
+    load_weights,
+    weighted_average,
+)
 from mqttfl.models import build_model
 
 
@@ -23,10 +28,14 @@ def test_weighted_average_requires_one_positive_weight_per_vector() -> None:
 
 def test_groups_of_identical_architecture_average_separately() -> None:
     def up(cid: str, arch: str, value: float) -> Upload:
-        return Upload(cid, ClientInfo(cid, arch, (0,), 1, (8, 8)), {"weights": np.full(3, value, np.float32)})
+        return Upload(
+            cid, ClientInfo(cid, arch, (0,), 1, (8, 8)), {"weights": np.full(3, value, np.float32)}
+        )
 
-    out = average_by_group([up("0", "tiny", 1), up("1", "tiny", 3), up("2", "large", 10)],
-                           {"0": 3.0, "1": 1.0, "2": 7.0})
+    out = average_by_group(
+        [up("0", "tiny", 1), up("1", "tiny", 3), up("2", "large", 10)],
+        {"0": 3.0, "1": 1.0, "2": 7.0},
+    )
     np.testing.assert_allclose(out["tiny"], 1.5)
     np.testing.assert_allclose(out["large"], 10)
 

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from helpers import FAST, mqttfl
 
 pytestmark = pytest.mark.slow
@@ -30,8 +29,19 @@ def _processes_mentioning(text: str) -> list[str]:
 @pytest.mark.parametrize("method", ["fedapa", "fedavg", "local"])
 def test_run_end_to_end(method: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    result = mqttfl("run", "configs/fedapa-csi.toml", "--out", str(out), "--set", f"method={method}",
-                    "--set", "rounds=3", "--set", "federation.num_clients=3", *sum((["--set", s] for s in FAST), []))
+    result = mqttfl(
+        "run",
+        "configs/fedapa-csi.toml",
+        "--out",
+        str(out),
+        "--set",
+        f"method={method}",
+        "--set",
+        "rounds=3",
+        "--set",
+        "federation.num_clients=3",
+        *sum((["--set", s] for s in FAST), []),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
 
@@ -51,22 +61,40 @@ def test_run_end_to_end(method: str, tmp_path: Path) -> None:
     assert summary["rejections"] == {}
 
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert {(r["round"], r["client_id"]) for r in records} == {(t, c) for t in (1, 2, 3) for c in "012"}
+    assert {(r["round"], r["client_id"]) for r in records} == {
+        (t, c) for t in (1, 2, 3) for c in "012"
+    }
 
     logs = out / "logs"
-    assert {p.name for p in logs.glob("*.jsonl")} >= {"coordinator.jsonl", "client-0.jsonl", "client-2.jsonl"}
+    assert {p.name for p in logs.glob("*.jsonl")} >= {
+        "coordinator.jsonl",
+        "client-0.jsonl",
+        "client-2.jsonl",
+    }
     events = [json.loads(line) for line in (logs / "coordinator.jsonl").read_text().splitlines()]
     closed = [e for e in events if e["event"] == "round.closed"]
     assert [e["round"] for e in closed] == [1, 2, 3]
     assert all(e["run_id"] == "fedapa-csi" and e["client_id"] == "coordinator" for e in closed)
-    client_events = [json.loads(line) for line in (logs / "client-1.jsonl").read_text().splitlines()]
-    assert any(e["event"] == "upload.sent" and e["round"] == 1 and e["client_id"] == "1" for e in client_events)
+    client_events = [
+        json.loads(line) for line in (logs / "client-1.jsonl").read_text().splitlines()
+    ]
+    assert any(
+        e["event"] == "upload.sent" and e["round"] == 1 and e["client_id"] == "1"
+        for e in client_events
+    )
 
     assert _processes_mentioning(str(out)) == []
 
 
 def test_bad_config_key_is_one_clear_line(tmp_path: Path) -> None:
-    result = mqttfl("run", "configs/fedapa-csi.toml", "--out", str(tmp_path / "x"), "--set", "federation.bogus=1")
+    result = mqttfl(
+        "run",
+        "configs/fedapa-csi.toml",
+        "--out",
+        str(tmp_path / "x"),
+        "--set",
+        "federation.bogus=1",
+    )
     assert result.returncode == 2
     assert "federation.bogus" in result.stderr
     assert "Traceback" not in result.stderr
@@ -96,9 +124,23 @@ def test_ctrl_c_tears_everything_down(tmp_path: Path) -> None:
 
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mqttfl", "run", "configs/fedapa-csi.toml", "--out", str(out),
-         "--set", "rounds=50", "--set", "federation.num_clients=2", *sum((["--set", s] for s in FAST), [])],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1],
+        [
+            sys.executable,
+            "-m",
+            "mqttfl",
+            "run",
+            "configs/fedapa-csi.toml",
+            "--out",
+            str(out),
+            "--set",
+            "rounds=50",
+            "--set",
+            "federation.num_clients=2",
+            *sum((["--set", s] for s in FAST), []),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[1],
     )
     log = out / "logs" / "coordinator.jsonl"
     deadline = time.monotonic() + 120

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_methods_math import Federation
 
 from mqttfl.algorithms.fedpam import FedPAMClient, adjusted_head, personalized_contrastive_loss
 from mqttfl.algorithms.weights import flatten_weights
-from test_methods_math import Federation
 
 
 def test_adjusted_head_eq_3_1() -> None:
@@ -74,5 +74,7 @@ def test_inference_uses_the_adjusted_head() -> None:
         client.pam.copy_(torch.flip(torch.eye(8), dims=[0]))  # reverses the features
         client.model.eval()
         z = client.model.embed(torch.from_numpy(x))
-        expected = (z.flip(dims=[1]) @ client.model.classifier.weight.T + client.model.classifier.bias).argmax(1)
+        expected = (
+            z.flip(dims=[1]) @ client.model.classifier.weight.T + client.model.classifier.bias
+        ).argmax(1)
     np.testing.assert_array_equal(client.predict(x), expected.numpy())

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
+from test_methods_math import Federation
 
 from mqttfl.algorithms.base import Context
 from mqttfl.algorithms.fedsap import (
@@ -25,7 +26,6 @@ from mqttfl.algorithms.fedsap import (
     strong_view,
     weak_view,
 )
-from test_methods_math import Federation
 
 
 # --- Eq. 7 with the appendix's start round: 0 up to round 20, 0.7 at round 100 ------------
@@ -34,7 +34,9 @@ from test_methods_math import Federation
     [(1, 0.0), (20, 0.0), (21, 0.7 / 80), (60, 0.35), (80, 0.7 * 60 / 80), (100, 0.7), (120, 0.7)],
 )
 def test_linear_curriculum(t: int, expected: float) -> None:
-    assert curriculum_lambda(t, lambda_max=0.7, start_round=20, end_round=100) == pytest.approx(expected)
+    assert curriculum_lambda(t, lambda_max=0.7, start_round=20, end_round=100) == pytest.approx(
+        expected
+    )
 
 
 @pytest.mark.parametrize(
@@ -55,17 +57,30 @@ def test_curriculum_shapes(shape: str, t: int, expected: float) -> None:
     assert value == pytest.approx(expected, abs=1e-12)
 
 
-@given(st.sampled_from(["linear", "cosine", "sigmoid", "step"]), st.integers(0, 50), st.integers(1, 120))
+@given(
+    st.sampled_from(["linear", "cosine", "sigmoid", "step"]),
+    st.integers(0, 50),
+    st.integers(1, 120),
+)
 def test_every_ramp_is_nondecreasing_and_within_bounds(shape: str, start: int, end: int) -> None:
-    values = [curriculum_lambda(t, lambda_max=0.7, start_round=start, end_round=end, shape=shape)  # type: ignore[arg-type]
-              for t in range(0, 130)]
+    values = [
+        curriculum_lambda(t, lambda_max=0.7, start_round=start, end_round=end, shape=shape)  # type: ignore[arg-type]
+        for t in range(0, 130)
+    ]
     assert values == sorted(values)
     assert values[0] == 0.0 and max(values) == pytest.approx(0.7)
 
 
 def test_server_schedules_lambda_up_to_the_last_round_and_the_semi_phase() -> None:
-    server = FedSAPServer(Context(num_classes=3, embed_dim=2, rounds=100, seed=0,
-                                  params=FedSAPParams(semi_supervised=True, supervised_rounds=60)))
+    server = FedSAPServer(
+        Context(
+            num_classes=3,
+            embed_dim=2,
+            rounds=100,
+            seed=0,
+            params=FedSAPParams(semi_supervised=True, supervised_rounds=60),
+        )
+    )
     assert server.round_params(20) == {"lambda": 0.0, "semi": False}
     assert server.round_params(60)["lambda"] == pytest.approx(0.35)
     assert server.round_params(61)["semi"] is True
@@ -77,9 +92,13 @@ def test_proxy_loss_is_a_scaled_cosine_softmax() -> None:
     # ĥ = [0.6, 0.8]; cos to p̂_0 = 0.6, to p̂_1 = 0.8; logits 19.2, 25.6 at s = 32
     # -log softmax_0 = log(1 + e^{6.4})
     bank = torch.tensor([[2.0, 0.0], [0.0, 5.0]])  # only directions matter
-    loss = proxy_loss(torch.tensor([[3.0, 4.0]]), bank, torch.tensor([0]), torch.tensor([True, True]), 32.0)
+    loss = proxy_loss(
+        torch.tensor([[3.0, 4.0]]), bank, torch.tensor([0]), torch.tensor([True, True]), 32.0
+    )
     assert float(loss) == pytest.approx(math.log1p(math.exp(6.4)), rel=1e-6)
-    loss = proxy_loss(torch.tensor([[3.0, 4.0]]), bank, torch.tensor([1]), torch.tensor([True, True]), 32.0)
+    loss = proxy_loss(
+        torch.tensor([[3.0, 4.0]]), bank, torch.tensor([1]), torch.tensor([True, True]), 32.0
+    )
     assert float(loss) == pytest.approx(math.log1p(math.exp(-6.4)), abs=1e-7)
 
 
@@ -97,8 +116,11 @@ def test_supervised_loss_is_eq_3() -> None:
     client.bank = torch.tensor([[1.0] * 8, [0.0] * 8, [2.0] * 8, [-1.0] * 8])
     client.available = torch.tensor([True, True, True, True])
     logits, z, y = torch.tensor([[1.0, 0.5, 0.0, 0.0]]), torch.ones(1, 8) * 0.5, torch.tensor([0])
-    expected = (float(F.cross_entropy(logits, y)) + 0.3 * 0.25
-                + float(proxy_loss(z, client.bank, y, client.available, 8.0)))
+    expected = (
+        float(F.cross_entropy(logits, y))
+        + 0.3 * 0.25
+        + float(proxy_loss(z, client.bank, y, client.available, 8.0))
+    )
     assert float(client.loss(1, {"lambda": 0.3}, logits, z, y)) == pytest.approx(expected, rel=1e-6)
 
 
@@ -112,14 +134,22 @@ def test_pseudo_labels_eq_10_and_acceptance_eq_11() -> None:
     #                   [0, 1]  -> (1, 0, 1): label 1, margin 1
     #                   [-1,-1] -> (1.707107, 1.707107, 0.292893): label 2, margin 1.414214
     weak = torch.tensor([[1.0, 0.1], [1.0, 1.0], [0.0, 1.0], [-1.0, -1.0]])
-    labels, accept = pseudo_labels(weak, BANK, torch.tensor([True, True, True]), margin=0.5, max_distance=0.5)
+    labels, accept = pseudo_labels(
+        weak, BANK, torch.tensor([True, True, True]), margin=0.5, max_distance=0.5
+    )
     assert labels[accept].tolist() == [0, 1, 2] and accept.tolist() == [True, False, True, True]
-    _, accept = pseudo_labels(weak, BANK, torch.tensor([True, True, True]), margin=0.9, max_distance=0.5)
+    _, accept = pseudo_labels(
+        weak, BANK, torch.tensor([True, True, True]), margin=0.9, max_distance=0.5
+    )
     assert accept.tolist() == [False, False, True, True]  # 0.8955 is not above M = 0.9
-    _, accept = pseudo_labels(weak, BANK, torch.tensor([True, True, True]), margin=0.5, max_distance=0.004)
+    _, accept = pseudo_labels(
+        weak, BANK, torch.tensor([True, True, True]), margin=0.5, max_distance=0.004
+    )
     assert accept.tolist() == [False, False, True, False]  # only distance 0 is below D_max
     # without class 2 the last sample is 1.707 from both others: margin 0, rejected
-    _, accept = pseudo_labels(weak, BANK, torch.tensor([True, True, False]), margin=0.5, max_distance=2.0)
+    _, accept = pseudo_labels(
+        weak, BANK, torch.tensor([True, True, False]), margin=0.5, max_distance=2.0
+    )
     assert accept.tolist() == [True, False, True, False]
 
 
@@ -127,7 +157,9 @@ def test_thresholds_are_calibrated_from_labelled_margins_and_true_distances() ->
     # z = [1,0] (class 0): true d 0, margin 1; z = [1,.5] (class 0): true d 0.105573, margin
     # 0.552786 - 0.105573 = 0.447214; z = [0,1] (class 1): true d 0, margin 1.
     z = torch.tensor([[1.0, 0.0], [1.0, 0.5], [0.0, 1.0]])
-    margin, d_max = calibrate_thresholds(z, torch.tensor([0, 0, 1]), BANK[:2], torch.tensor([True, True]), 0.9)
+    margin, d_max = calibrate_thresholds(
+        z, torch.tensor([0, 0, 1]), BANK[:2], torch.tensor([True, True]), 0.9
+    )
     # D_max: 0.9-quantile of (0, 0, 0.105573) = 0.8·0.105573; M: 0.1-quantile of (0.447214, 1, 1)
     assert d_max == pytest.approx(0.8 * (1 - 1 / math.sqrt(1.25)), rel=1e-5)
     assert margin == pytest.approx(0.447214 + 0.2 * (1 - 0.447214), rel=1e-5)
@@ -142,7 +174,9 @@ def test_consistency_loss_eq_12_is_the_mean_cosine_distance() -> None:
 def test_mixed_prototypes_eq_14() -> None:
     labelled = np.array([[2.0, 0.0], [0.0, 1.0]])
     strong = np.array([[4.0, 0.0], [0.0, 3.0]])
-    classes, protos, counts = mixed_prototypes(labelled, np.array([0, 0]), strong, np.array([0, 1]), alpha=0.5)
+    classes, protos, counts = mixed_prototypes(
+        labelled, np.array([0, 0]), strong, np.array([0, 1]), alpha=0.5
+    )
     # class 0: ([2,0] + [0,1] + 0.5·[4,0]) / (2 + 0.5) = [1.6, 0.4] -> / 1.649242
     assert classes.tolist() == [0, 1] and counts.tolist() == [3, 1]
     np.testing.assert_allclose(protos[0], [1.6 / math.sqrt(2.72), 0.4 / math.sqrt(2.72)], rtol=1e-6)
@@ -165,12 +199,20 @@ def test_unlabelled_pool_is_drawn_from_the_clients_own_shard() -> None:
     assert len(client.pool) == 8 and len(y) == 24
     rows = {r.tobytes() for r in client.shard.x_train}
     assert {r.tobytes() for r in client.pool} <= rows and not {r.tobytes() for r in client.pool} & {
-        r.tobytes() for r in x}
+        r.tobytes() for r in x
+    }
 
 
 def test_semi_supervised_rounds_calibrate_once_and_upload_unit_mixed_prototypes() -> None:
-    fed = Federation("fedsap", clients=2, rounds=3, semi_supervised=True, supervised_rounds=1,
-                     sap_start_round=0, threshold_quantile=0.99).run()
+    fed = Federation(
+        "fedsap",
+        clients=2,
+        rounds=3,
+        semi_supervised=True,
+        supervised_rounds=1,
+        sap_start_round=0,
+        threshold_quantile=0.99,
+    ).run()
     client = fed.clients[0]
     assert isinstance(client, FedSAPClient) and client.thresholds is not None and client.semi_round
     body = fed.uploads[0].body

@@ -22,8 +22,14 @@ def _gate() -> UploadGate:
     return gate
 
 
-def _upload(sender: str = "1", t: int = 3, run: str = "run", kind: str = "upload", **body: object) -> bytes:
-    payload = {"classes": np.array([0, 1]), "prototypes": np.ones((2, 8), np.float32), "counts": np.array([20, 20])}
+def _upload(
+    sender: str = "1", t: int = 3, run: str = "run", kind: str = "upload", **body: object
+) -> bytes:
+    payload = {
+        "classes": np.array([0, 1]),
+        "prototypes": np.ones((2, 8), np.float32),
+        "counts": np.array([20, 20]),
+    }
     payload.update(body)
     return encode(Message(kind, run, t, sender, payload))
 

@@ -38,8 +38,16 @@ from mqttfl.wire import Message, decode, encode
 from mqttfl.wire.codec import ARRAY_EXT
 
 CTX = Context(num_classes=21, embed_dim=8, rounds=5, seed=0, params=FedAPAParams())
-SCENE = Scene(run_id="run", round=3, victim="v", unselected="u", ghost="g", num_classes=21, embed_dim=8,
-              max_upload_bytes=100_000)
+SCENE = Scene(
+    run_id="run",
+    round=3,
+    victim="v",
+    unselected="u",
+    ghost="g",
+    num_classes=21,
+    embed_dim=8,
+    max_upload_bytes=100_000,
+)
 INFO = {c: ClientInfo(c, "tiny", (0, 1, 2), 40, (24, 52)) for c in ("v", "u", "x")}
 
 
@@ -65,8 +73,24 @@ def _fire(gate: UploadGate, scene: Scene, hostile_phase: str) -> list[tuple[str,
 # --- the catalogue against the gate -------------------------------------------------------
 def test_catalogue_covers_every_attack_named_in_the_issue() -> None:
     reasons = expected_rejections()
-    for reason in ("malformed", "size", "dtype", "shape", "non_finite", "range", "stale", "future", "duplicate",
-                   "sender", "unknown_field", "type", "version", "oversize", "round_mismatch", "not_selected"):
+    for reason in (
+        "malformed",
+        "size",
+        "dtype",
+        "shape",
+        "non_finite",
+        "range",
+        "stale",
+        "future",
+        "duplicate",
+        "sender",
+        "unknown_field",
+        "type",
+        "version",
+        "oversize",
+        "round_mismatch",
+        "not_selected",
+    ):
         assert reasons[reason] >= 1, reason
     assert len({h.name for h in CATALOGUE}) == len(CATALOGUE)
 
@@ -80,34 +104,69 @@ def test_catalogue_against_the_gate_every_shot_rejected_with_its_reason() -> Non
     uploads = gate.close_round()
     gate.open_round(SCENE.round + 1, ["v", "x"], keep=False)
     got += _fire(gate, SCENE, "closed")
-    want = [(h.name, h.reason) for phase in ("before", "after", "closed") for h in CATALOGUE if h.phase == phase]
+    want = [
+        (h.name, h.reason)
+        for phase in ("before", "after", "closed")
+        for h in CATALOGUE
+        if h.phase == phase
+    ]
     assert got == want
     assert gate.rejections == expected_rejections()
     assert [u.client_id for u in uploads] == ["v"]
-    np.testing.assert_array_equal(uploads[0].body["prototypes"], decode(SCENE.valid()).body["prototypes"])
+    np.testing.assert_array_equal(
+        uploads[0].body["prototypes"], decode(SCENE.valid()).body["prototypes"]
+    )
 
 
 # --- fuzzing ------------------------------------------------------------------------------
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=8),
-                     st.binary(max_size=16))
-_ext = st.builds(msgpack.ExtType, st.sampled_from([ARRAY_EXT, ARRAY_EXT, 0, 42]), st.binary(max_size=64))
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(),
+    st.text(max_size=8),
+    st.binary(max_size=16),
+)
+_ext = st.builds(
+    msgpack.ExtType, st.sampled_from([ARRAY_EXT, ARRAY_EXT, 0, 42]), st.binary(max_size=64)
+)
 _array_ext = st.builds(
     lambda dtype, shape, data: msgpack.ExtType(ARRAY_EXT, msgpack.packb([dtype, shape, data])),
     st.sampled_from(["<f4", "<f8", "<i8", "|u1", "|b1", "|O", "<c8", ">f4", "x"]),
-    st.one_of(st.lists(st.integers(-2, 2**40), max_size=4), st.integers(-(2**63), 2**63 - 1), st.text(max_size=3)),
-    st.binary(max_size=64))
-_values = st.recursive(st.one_of(_scalars, _ext, _array_ext),
-                       lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                               st.dictionaries(st.text(max_size=12), inner, max_size=4)),
-                       max_leaves=12)
+    st.one_of(
+        st.lists(st.integers(-2, 2**40), max_size=4),
+        st.integers(-(2**63), 2**63 - 1),
+        st.text(max_size=3),
+    ),
+    st.binary(max_size=64),
+)
+_values = st.recursive(
+    st.one_of(_scalars, _ext, _array_ext),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 _envelopes = st.fixed_dictionaries(
-    {"v": st.sampled_from([1, 1, 2, "1"]),
-     "type": st.sampled_from(["upload", "status", "metrics", "start", "state", "downlink", "pwn"]),
-     "run": st.sampled_from(["run", "other"]), "round": st.sampled_from([3, 3, 2, 4, -1, 2**70]),
-     "sender": st.sampled_from(["v", "u", "g", "x", "all", "a/b", ""]),
-     "body": st.one_of(st.dictionaries(st.sampled_from(["classes", "prototypes", "counts", "weights", "x"]),
-                                       _values, max_size=4), _values)},
-    optional={"extra": _values})
+    {
+        "v": st.sampled_from([1, 1, 2, "1"]),
+        "type": st.sampled_from(
+            ["upload", "status", "metrics", "start", "state", "downlink", "pwn"]
+        ),
+        "run": st.sampled_from(["run", "other"]),
+        "round": st.sampled_from([3, 3, 2, 4, -1, 2**70]),
+        "sender": st.sampled_from(["v", "u", "g", "x", "all", "a/b", ""]),
+        "body": st.one_of(
+            st.dictionaries(
+                st.sampled_from(["classes", "prototypes", "counts", "weights", "x"]),
+                _values,
+                max_size=4,
+            ),
+            _values,
+        ),
+    },
+    optional={"extra": _values},
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -130,26 +189,42 @@ def _arrays(dtypes: list[type], shapes: list[tuple[int, ...]]) -> st.SearchStrat
         elements = st.floats(width=32) if kind == "f" else st.integers(-3, 25)  # NaN/Inf included
         return hnp.arrays(dtype, shape, elements=elements)
 
-    return st.tuples(st.sampled_from(dtypes), st.sampled_from(shapes)).flatmap(lambda ds: build(*ds))
+    return st.tuples(st.sampled_from(dtypes), st.sampled_from(shapes)).flatmap(
+        lambda ds: build(*ds)
+    )
 
 
 def _bodies() -> st.SearchStrategy[dict]:
     """Near-valid prototype bodies: right or wrong dtypes, shapes, ranges, NaN/Inf, extra fields."""
 
     def body(n: int) -> st.SearchStrategy[dict]:
-        floats = _arrays([np.float32, np.float32, np.float64, np.int64], [(n, 8), (n, 8), (n, 7), (n + 1, 8), (n,)])
+        floats = _arrays(
+            [np.float32, np.float32, np.float64, np.int64],
+            [(n, 8), (n, 8), (n, 7), (n + 1, 8), (n,)],
+        )
         ints = _arrays([np.int64, np.int64, np.int32, np.float32], [(n,), (n,), (n + 1,)])
-        return st.fixed_dictionaries({"classes": ints, "prototypes": floats, "counts": ints},
-                                     optional={"weights": floats, "x": _scalars})
+        return st.fixed_dictionaries(
+            {"classes": ints, "prototypes": floats, "counts": ints},
+            optional={"weights": floats, "x": _scalars},
+        )
 
     return st.integers(0, 4).flatmap(body)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_bodies(), st.sampled_from(["v", "u", "g", "x"]), st.sampled_from([2, 3, 4]))
-@example(body={"classes": np.array([0]), "prototypes": np.zeros((1, 8), np.float32), "counts": np.array([1])},
-         sender="x", t=3)  # a valid upload from the client the companion upload used to come from
-def test_gate_accepts_only_what_aggregates_to_finite_downlinks(body: dict, sender: str, t: int) -> None:
+@example(
+    body={
+        "classes": np.array([0]),
+        "prototypes": np.zeros((1, 8), np.float32),
+        "counts": np.array([1]),
+    },
+    sender="x",
+    t=3,
+)  # a valid upload from the client the companion upload used to come from
+def test_gate_accepts_only_what_aggregates_to_finite_downlinks(
+    body: dict, sender: str, t: int
+) -> None:
     gate = _gate()
     try:
         raw = encode(Message("upload", "run", t, sender, body))
@@ -161,18 +236,28 @@ def test_gate_accepts_only_what_aggregates_to_finite_downlinks(body: dict, sende
         assert sum(gate.rejections.values()) == 1 and gate.rejections[exc.reason] == 1
         return
     other = "v" if sender == "x" else "x"  # the other selected client: one upload each
-    valid = gate.check(3, other, encode(Message("upload", "run", 3, other, SCENE.body())), INFO[other])
+    valid = gate.check(
+        3, other, encode(Message("upload", "run", 3, other, SCENE.body())), INFO[other]
+    )
     downlinks = get_algorithm("fedapa").server(CTX).aggregate(3, [upload, valid])
-    for value in [*downlinks.broadcast.values(), *(v for p in downlinks.personal.values() for v in p.values())]:
+    for value in [
+        *downlinks.broadcast.values(),
+        *(v for p in downlinks.personal.values() for v in p.values()),
+    ]:
         assert np.isfinite(np.asarray(value, np.float64)).all()
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(min_size=1, max_size=400), st.integers(0, 10_000), st.integers(0, 255))
-def test_mutated_valid_uploads_are_rejected_or_still_valid(noise: bytes, where: int, byte: int) -> None:
+def test_mutated_valid_uploads_are_rejected_or_still_valid(
+    noise: bytes, where: int, byte: int
+) -> None:
     raw = bytearray(SCENE.valid())
-    mutations = [bytes(raw[: where % len(raw)]), bytes(raw[: where % len(raw)] + noise),
-                 bytes(raw[: where % len(raw)] + bytes([byte]) + raw[where % len(raw) + 1:])]
+    mutations = [
+        bytes(raw[: where % len(raw)]),
+        bytes(raw[: where % len(raw)] + noise),
+        bytes(raw[: where % len(raw)] + bytes([byte]) + raw[where % len(raw) + 1 :]),
+    ]
     for mutated in mutations:
         gate = _gate()
         try:
@@ -183,24 +268,45 @@ def test_mutated_valid_uploads_are_rejected_or_still_valid(noise: bytes, where: 
             assert np.isfinite(value).all()
 
 
-_TOPICS = st.sampled_from(["round/{t}/up/{c}", "round/{t}/metrics/{c}", "status/{c}", "round/{t}/up/all",
-                           "round/x/up/{c}", "round/{t}/up/{c}/extra", "state", "round/{t}/start"])
+_TOPICS = st.sampled_from(
+    [
+        "round/{t}/up/{c}",
+        "round/{t}/metrics/{c}",
+        "status/{c}",
+        "round/{t}/up/all",
+        "round/x/up/{c}",
+        "round/{t}/up/{c}/extra",
+        "state",
+        "round/{t}/start",
+    ]
+)
 
 
 @pytest.fixture(scope="module")
 def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Coordinator:
-    config = load_config("configs/fedapa-csi.toml", ["model.embed_dim=8", "run_id=run", "method=fedapa"])
-    coordinator = Coordinator(config, BrokerAddress.parse("mqtt://127.0.0.1:1"), tmp_path_factory.mktemp("c"))
+    config = load_config(
+        "configs/fedapa-csi.toml", ["model.embed_dim=8", "run_id=run", "method=fedapa"]
+    )
+    coordinator = Coordinator(
+        config, BrokerAddress.parse("mqtt://127.0.0.1:1"), tmp_path_factory.mktemp("c")
+    )
     coordinator._on_status("v", messages.status_online("run", INFO["v"]))
     coordinator.gate.open_round(3, ["v"], keep=False)
     return coordinator
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(_TOPICS, st.sampled_from(["v", "u", "g", "zz"]), st.sampled_from([2, 3, 4]),
-       st.one_of(_envelopes.map(lambda e: _pack(e)), st.binary(max_size=64)))
-def test_coordinator_handler_survives_anything_on_its_topics(coordinator: Coordinator, topic: str, client: str,
-                                                             t: int, payload: bytes) -> None:
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    _TOPICS,
+    st.sampled_from(["v", "u", "g", "zz"]),
+    st.sampled_from([2, 3, 4]),
+    st.one_of(_envelopes.map(lambda e: _pack(e)), st.binary(max_size=64)),
+)
+def test_coordinator_handler_survives_anything_on_its_topics(
+    coordinator: Coordinator, topic: str, client: str, t: int, payload: bytes
+) -> None:
     incoming = Incoming(f"mqttfl/run/{topic.format(t=t, c=client)}", payload, False)
     try:
         coordinator._handle(incoming)
@@ -217,28 +323,44 @@ def _pack(envelope: dict) -> bytes:
 
 @pytest.fixture(scope="module")
 def weights_coordinator(tmp_path_factory: pytest.TempPathFactory) -> Coordinator:
-    config = load_config("configs/fedapa-csi.toml", ["run_id=run", "method=fedavg", "model.name=tiny"])
-    return Coordinator(config, BrokerAddress.parse("mqtt://127.0.0.1:1"), tmp_path_factory.mktemp("w"))
+    config = load_config(
+        "configs/fedapa-csi.toml", ["run_id=run", "method=fedavg", "model.name=tiny"]
+    )
+    return Coordinator(
+        config, BrokerAddress.parse("mqtt://127.0.0.1:1"), tmp_path_factory.mktemp("w")
+    )
 
 
 _status_bodies = st.fixed_dictionaries(
     {"state": st.sampled_from(["online", "online", "offline", "x"])},
-    optional={"arch": st.one_of(st.sampled_from(["tiny", "middle", "mlp", "large"]), st.text(max_size=6), _scalars),
-              "classes": st.one_of(st.lists(st.integers(-5, 30), max_size=4), _scalars),
-              "num_samples": st.one_of(st.integers(-5, 10**12), _scalars),
-              "sample_shape": st.one_of(st.lists(st.integers(-2, 300), max_size=4), _scalars),
-              "reason": _scalars})
+    optional={
+        "arch": st.one_of(
+            st.sampled_from(["tiny", "middle", "mlp", "large"]), st.text(max_size=6), _scalars
+        ),
+        "classes": st.one_of(st.lists(st.integers(-5, 30), max_size=4), _scalars),
+        "num_samples": st.one_of(st.integers(-5, 10**12), _scalars),
+        "sample_shape": st.one_of(st.lists(st.integers(-2, 300), max_size=4), _scalars),
+        "reason": _scalars,
+    },
+)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(_status_bodies, st.sampled_from(["a", "b"]))
-def test_any_announcement_then_an_upload_is_rejected_or_served(weights_coordinator: Coordinator, body: dict,
-                                                              client: str) -> None:
+def test_any_announcement_then_an_upload_is_rejected_or_served(
+    weights_coordinator: Coordinator, body: dict, client: str
+) -> None:
     """Statuses with any model, shape or counts, then an upload from that client: WireErrors only."""
     coordinator = weights_coordinator
     coordinator.gate.open_round(1, [client], keep=False)
-    status = _pack({"v": 1, "type": "status", "run": "run", "round": 0, "sender": client, "body": body})
-    upload = encode(Message("upload", "run", 1, client, {"weights": np.zeros(3, np.float32), "num_samples": 1}))
+    status = _pack(
+        {"v": 1, "type": "status", "run": "run", "round": 0, "sender": client, "body": body}
+    )
+    upload = encode(
+        Message("upload", "run", 1, client, {"weights": np.zeros(3, np.float32), "num_samples": 1})
+    )
     for topic, payload in ((f"status/{client}", status), (f"round/1/up/{client}", upload)):
         try:
             coordinator._handle(Incoming(f"mqttfl/run/{topic}", payload, False))
@@ -248,9 +370,18 @@ def test_any_announcement_then_an_upload_is_rejected_or_served(weights_coordinat
 
 @pytest.mark.parametrize("shape", [[10**9], [0], [], [64] * 5])
 def test_an_announced_sample_shape_cannot_make_the_coordinator_build_a_giant_model(
-        weights_coordinator: Coordinator, shape: list[int]) -> None:
-    body = {"state": "online", "arch": "mlp", "classes": [0], "num_samples": 5, "sample_shape": shape}
-    status = _pack({"v": 1, "type": "status", "run": "run", "round": 0, "sender": "m", "body": body})
+    weights_coordinator: Coordinator, shape: list[int]
+) -> None:
+    body = {
+        "state": "online",
+        "arch": "mlp",
+        "classes": [0],
+        "num_samples": 5,
+        "sample_shape": shape,
+    }
+    status = _pack(
+        {"v": 1, "type": "status", "run": "run", "round": 0, "sender": "m", "body": body}
+    )
     with pytest.raises(WireError) as info:
         weights_coordinator._handle(Incoming("mqttfl/run/status/m", status, False))
     assert info.value.reason == "range" and "m" not in weights_coordinator.clients
@@ -261,7 +392,9 @@ def test_a_status_the_method_cannot_serve_is_rejected_not_fatal(tmp_path: Path) 
     coordinator = Coordinator(config, BrokerAddress.parse("mqtt://127.0.0.1:1"), tmp_path)
     bogus = ClientInfo("v", "no-such-model", (0,), 40, (24, 52))
     with pytest.raises(WireError):
-        coordinator._handle(Incoming("mqttfl/run/status/v", messages.status_online("run", bogus), True))
+        coordinator._handle(
+            Incoming("mqttfl/run/status/v", messages.status_online("run", bogus), True)
+        )
     assert "v" not in coordinator.clients
 
 
@@ -270,7 +403,9 @@ class Actor:
     """A hostile MQTT client (anonymous broker): announces fake devices and fires shots."""
 
     def __init__(self, port: int) -> None:
-        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"actor-{time.time_ns()}")
+        self.client = paho.Client(
+            paho.CallbackAPIVersion.VERSION2, client_id=f"actor-{time.time_ns()}"
+        )
         self.client.connect("127.0.0.1", port)
         self.client.loop_start()
 
@@ -286,37 +421,65 @@ class Actor:
 def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -> None:  # noqa: ANN001
     base = f"mqttfl/{RUN_ID}"
     max_bytes = 200_000
-    with Federation(tmp_path, broker, clients=2, rounds=3,
-                    overrides=["federation.num_clients=4", f"federation.max_upload_bytes={max_bytes}",
-                               "federation.round_timeout_s=20"]) as fed, \
-            Witness(broker.port, [f"{base}/round/+/down/all"]) as witness:
+    with (
+        Federation(
+            tmp_path,
+            broker,
+            clients=2,
+            rounds=3,
+            overrides=[
+                "federation.num_clients=4",
+                f"federation.max_upload_bytes={max_bytes}",
+                "federation.round_timeout_s=20",
+            ],
+        ) as fed,
+        Witness(broker.port, [f"{base}/round/+/down/all"]) as witness,
+    ):
         config = load_config(fed.config, fed.all_overrides)
-        scene = Scene(run_id=RUN_ID, round=1, victim="h1", unselected="h2", ghost="h9",
-                      num_classes=config.model.num_classes, embed_dim=config.model.embed_dim,
-                      max_upload_bytes=max_bytes)
+        scene = Scene(
+            run_id=RUN_ID,
+            round=1,
+            victim="h1",
+            unselected="h2",
+            ghost="h9",
+            num_classes=config.model.num_classes,
+            embed_dim=config.model.embed_dim,
+            max_upload_bytes=max_bytes,
+        )
         actor = Actor(broker.port)
         info = {c: ClientInfo(c, "tiny", scene.classes, 96, (24, 242)) for c in ("h1", "h2", "h3")}
         try:
             for cid in ("h1", "h3"):  # h3 holds the round open until the 'after' shots are in
-                actor.publish(f"{base}/status/{cid}", messages.status_online(RUN_ID, info[cid]), retain=True)
+                actor.publish(
+                    f"{base}/status/{cid}", messages.status_online(RUN_ID, info[cid]), retain=True
+                )
             fed.start_coordinator()
             fed.start_client("0")
             fed.start_client("1")
             start = fed.wait_round_started(1, timeout=120)
             assert {"h1", "h3"} <= set(start["selected"])
-            actor.publish(f"{base}/status/h2", messages.status_online(RUN_ID, info["h2"]), retain=True)
-            fed.wait_for(lambda: fed.events(event="client.online")[-1]["client"] == "h2", timeout=20,
-                         what="h2 online")
+            actor.publish(
+                f"{base}/status/h2", messages.status_online(RUN_ID, info["h2"]), retain=True
+            )
+            fed.wait_for(
+                lambda: fed.events(event="client.online")[-1]["client"] == "h2",
+                timeout=20,
+                what="h2 online",
+            )
 
             def verdicts() -> int:
-                return sum(1 for e in fed.events() if e["event"] in ("upload.rejected", "upload.late"))
+                return sum(
+                    1 for e in fed.events() if e["event"] in ("upload.rejected", "upload.late")
+                )
 
             def fire(phase: str) -> None:
                 shots = [h.shot(scene) for h in CATALOGUE if h.phase == phase]
                 before = verdicts()
                 for shot in shots:
                     actor.publish(f"{base}/round/{shot.round}/up/{shot.client}", shot.payload)
-                fed.wait_for(lambda: verdicts() >= before + len(shots), timeout=30, what=f"{phase} verdicts")
+                fed.wait_for(
+                    lambda: verdicts() >= before + len(shots), timeout=30, what=f"{phase} verdicts"
+                )
 
             fire("before")
             for topic, payload, _ in CONTROL_CATALOGUE(scene):
@@ -325,7 +488,11 @@ def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -
             fire("after")
             actor.publish(f"{base}/round/1/up/h3", scene.upload(sender="h3"))
             for cid in ("h1", "h2", "h3"):
-                actor.publish(f"{base}/status/{cid}", messages.status_offline(RUN_ID, cid, "exit"), retain=True)
+                actor.publish(
+                    f"{base}/status/{cid}",
+                    messages.status_offline(RUN_ID, cid, "exit"),
+                    retain=True,
+                )
             fed.wait_round_started(2, timeout=60)
             fire("closed")
             summary = fed.finish(timeout=120)
@@ -334,7 +501,9 @@ def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -
 
     assert summary["rounds_completed"] == 3  # the coordinator never crashed
     assert summary["rejections"] == dict(expected_rejections())
-    logged = Counter(e["reason"] for e in fed.events() if e["event"] in ("upload.rejected", "upload.late"))
+    logged = Counter(
+        e["reason"] for e in fed.events() if e["event"] in ("upload.rejected", "upload.late")
+    )
     assert logged == expected_rejections()
     control = Counter(reason for _, _, reason in CONTROL_CATALOGUE(scene))
     assert Counter(e["reason"] for e in fed.events(event="message.rejected")) == control
@@ -343,12 +512,23 @@ def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -
     # the two valid fake uploads, and h1's row of the padded prototypes is its valid upload.
     closed1 = fed.closed_rounds()[1][0]
     assert closed1["uploads"] == 4 and closed1["missing"] == []
-    down = [decode(m.payload) for m in witness.seen(lambda m: m.topic.endswith("/round/1/down/all") and m.payload)]
+    down = [
+        decode(m.payload)
+        for m in witness.seen(lambda m: m.topic.endswith("/round/1/down/all") and m.payload)
+    ]
     body = down[0].body
     assert body["_personal"] == ["0", "1", "h1", "h3"]
     assert np.isfinite(body["prototypes"]).all()
     valid = decode(scene.valid()).body
     np.testing.assert_array_equal(body["prototypes"][2][valid["classes"]], valid["prototypes"])
-    print("FIGURES hostile-live", json.dumps({"bad_inputs_tried": len(CATALOGUE) + sum(control.values()),
-                                              "coordinator_crashes": 0, "rejections": summary["rejections"],
-                                              "rejected_messages": summary["rejected_messages"]}))
+    print(
+        "FIGURES hostile-live",
+        json.dumps(
+            {
+                "bad_inputs_tried": len(CATALOGUE) + sum(control.values()),
+                "coordinator_crashes": 0,
+                "rejections": summary["rejections"],
+                "rejected_messages": summary["rejected_messages"],
+            }
+        ),
+    )

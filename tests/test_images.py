@@ -46,7 +46,11 @@ def _disjoint(parts):
 
 @pytest.mark.parametrize(
     ("scheme", "params"),
-    [("pathological", {}), ("dirichlet", {"beta": 0.3}), ("nway_kshot", {"mu_n": 3, "mu_k": 20, "sigma": 1})],
+    [
+        ("pathological", {}),
+        ("dirichlet", {"beta": 0.3}),
+        ("nway_kshot", {"mu_n": 3, "mu_k": 20, "sigma": 1}),
+    ],
 )
 def test_partitions_are_deterministic_per_seed(digits, scheme, params):
     _, y = digits
@@ -74,8 +78,12 @@ def _mean_max_share(y, parts):
 
 def test_dirichlet_small_beta_is_more_skewed(digits):
     _, y = digits
-    skewed = np.mean([_mean_max_share(y, partition_dirichlet(y, 10, seed=s, beta=0.1)) for s in range(5)])
-    even = np.mean([_mean_max_share(y, partition_dirichlet(y, 10, seed=s, beta=100.0)) for s in range(5)])
+    skewed = np.mean(
+        [_mean_max_share(y, partition_dirichlet(y, 10, seed=s, beta=0.1)) for s in range(5)]
+    )
+    even = np.mean(
+        [_mean_max_share(y, partition_dirichlet(y, 10, seed=s, beta=100.0)) for s in range(5)]
+    )
     assert skewed > even + 0.3
     assert even < 0.2  # near IID: about 1/10 of each client per class
     parts = partition_dirichlet(y, 10, seed=0, beta=0.1)
@@ -99,7 +107,9 @@ def test_nway_kshot_statistics(digits):
     ks = np.array([len(p) for p in many]) / ns
     assert abs(ns.mean() - 4) < 0.2 and abs(ns.std() - 1) < 0.2  # n ~ N(4, 1), rounded
     assert abs(ks.mean() - 6) < 0.2 and abs(ks.std() - 1) < 0.2  # k ~ N(6, 1), rounded
-    single = partition_nway_kshot(y, 20, seed=0, mu_n=1, mu_k=10, sigma=0)  # FedSAP CIFAR-10 "1-way" extreme
+    single = partition_nway_kshot(
+        y, 20, seed=0, mu_n=1, mu_k=10, sigma=0
+    )  # FedSAP CIFAR-10 "1-way" extreme
     assert {len(np.unique(y[p])) for p in single} == {1}
 
 
@@ -124,8 +134,9 @@ def test_image_shard_and_round_trip(tmp_path):
     np.testing.assert_array_equal(loaded.x_test, shard.x_test)
     assert loaded.meta == shard.meta
     # config-style float parameters are accepted
-    nk = image_shard("digits", 0, num_clients=4, partition="nway_kshot", seed=0,
-                     mu_n=2.0, mu_k=10.0, sigma=0.0)
+    nk = image_shard(
+        "digits", 0, num_clients=4, partition="nway_kshot", seed=0, mu_n=2.0, mu_k=10.0, sigma=0.0
+    )
     assert len(np.unique(nk.y_train)) == 2 and nk.num_train == 20
     with pytest.raises(ConfigError):
         image_shard("digits", 0, num_clients=4, partition="nope", seed=0)
@@ -134,7 +145,10 @@ def test_image_shard_and_round_trip(tmp_path):
 
 
 def test_clients_train_sets_are_disjoint():
-    shards = [image_shard("digits", c, num_clients=4, partition="dirichlet", seed=5, beta=0.5) for c in range(4)]
+    shards = [
+        image_shard("digits", c, num_clients=4, partition="dirichlet", seed=5, beta=0.5)
+        for c in range(4)
+    ]
     # the clients share out the training pool (everything not held out) without overlap
     _, y = load_images("digits")
     pool, _ = stratified_split(y, 0.2, seed=5)

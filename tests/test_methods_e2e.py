@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from helpers import FAST, mqttfl
 
 from mqttfl.compare import finished_summary, run_overrides
@@ -27,8 +26,13 @@ def _overrides(*items: str) -> list[str]:
 
 
 def _run(method: str, out: Path, *extra: str) -> dict[str, Any]:
-    result = mqttfl("run", "configs/fedapa-csi.toml", "--out", str(out),
-                    *_overrides(f"method={method}", "rounds=2", "federation.num_clients=3", *extra))
+    result = mqttfl(
+        "run",
+        "configs/fedapa-csi.toml",
+        "--out",
+        str(out),
+        *_overrides(f"method={method}", "rounds=2", "federation.num_clients=3", *extra),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
@@ -36,7 +40,9 @@ def _run(method: str, out: Path, *extra: str) -> dict[str, Any]:
     assert set(summary["clients"]) == {"0", "1", "2"}
     assert set(summary["rejections"]) <= BENIGN, summary["rejections"]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert {(r["round"], r["client_id"]) for r in records} == {(t, c) for t in (1, 2) for c in "012"}
+    assert {(r["round"], r["client_id"]) for r in records} == {
+        (t, c) for t in (1, 2) for c in "012"
+    }
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in records)
     return summary
 
@@ -53,8 +59,12 @@ def test_prototype_methods_upload_prototypes_only(method: str, tmp_path: Path) -
 
 
 def test_prototype_method_across_architectures(tmp_path: Path) -> None:
-    summary = _run("fedsap", tmp_path / "hetero", 'model.per_client=["tiny", "middle", "large"]',
-                   "method.sap_start_round=0")
+    summary = _run(
+        "fedsap",
+        tmp_path / "hetero",
+        'model.per_client=["tiny", "middle", "large"]',
+        "method.sap_start_round=0",
+    )
     assert summary["comm"]["up_bytes_per_client_round"] < PROTOTYPE_BYTES
 
 
@@ -65,18 +75,31 @@ def test_weight_sharing_baselines(method: str, tmp_path: Path) -> None:
 
 
 def test_fedali_on_the_transformer(tmp_path: Path) -> None:
-    summary = _run("fedali", tmp_path / "fedali", "model.name=transformer", "model.embed_dim=64",
-                   "method.prototype_counts=[16, 8]")
+    summary = _run(
+        "fedali",
+        tmp_path / "fedali",
+        "model.name=transformer",
+        "model.embed_dim=64",
+        "method.prototype_counts=[16, 8]",
+    )
     comm = summary["comm"]
     # weights plus (16 + 8) local prototypes of width 32 up; weights plus global ones down
     assert comm["up_bytes_per_client_round"] > (16 + 8) * 32 * 4
-    assert comm["up_bytes_per_client_round"] == pytest.approx(comm["down_bytes_per_client_round"], rel=0.05)
+    assert comm["up_bytes_per_client_round"] == pytest.approx(
+        comm["down_bytes_per_client_round"], rel=0.05
+    )
 
 
 def test_fedsap_semi_supervised_phase(tmp_path: Path) -> None:
     out = tmp_path / "semi"
-    summary = _run("fedsap", out, "method.semi_supervised=true", "method.supervised_rounds=1",
-                   "method.sap_start_round=0", "method.unlabelled_fraction=0.3")
+    summary = _run(
+        "fedsap",
+        out,
+        "method.semi_supervised=true",
+        "method.supervised_rounds=1",
+        "method.sap_start_round=0",
+        "method.unlabelled_fraction=0.3",
+    )
     assert summary["comm"]["up_bytes_per_client_round"] < PROTOTYPE_BYTES
     for client in "012":
         calibrated = _events(out, client, "fedsap.thresholds_calibrated")
@@ -87,9 +110,17 @@ def test_fedsap_semi_supervised_phase(tmp_path: Path) -> None:
 
 def test_compare_two_methods(tmp_path: Path) -> None:
     out = tmp_path / "compare"
-    result = mqttfl("compare", "configs/fedapa-csi.toml", "--methods", "fedproto,fedali", "--seeds", "0",
-                    "--out", str(out), *_overrides("rounds=2", "federation.num_clients=3",
-                                                   "method.prototype_counts=[16, 8]"))
+    result = mqttfl(
+        "compare",
+        "configs/fedapa-csi.toml",
+        "--methods",
+        "fedproto,fedali",
+        "--seeds",
+        "0",
+        "--out",
+        str(out),
+        *_overrides("rounds=2", "federation.num_clients=3", "method.prototype_counts=[16, 8]"),
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     table = (out / "compare.md").read_text()
     assert "Statistical Data: Acc. (%)" in table and "Model Architecture: KB" in table
@@ -103,19 +134,38 @@ def test_compare_two_methods(tmp_path: Path) -> None:
     hetero = json.loads((out / "model" / "fedproto" / "seed-0" / "summary.json").read_text())
     assert hetero["config"]["model"]["per_client"] == ["tiny", "middle", "large"]
     fedali = json.loads((out / "model" / "fedali" / "seed-0" / "summary.json").read_text())
-    assert fedali["config"]["model"]["name"] == "transformer" and fedali["config"]["model"]["per_client"] == []
+    assert (
+        fedali["config"]["model"]["name"] == "transformer"
+        and fedali["config"]["model"]["per_client"] == []
+    )
     assert all(set(run["curve"]) == {"1", "2"} for run in data["runs"])
     assert (out / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # --resume reuses the runs that finished with the same config, and only those.
-    args = ["compare", "configs/fedapa-csi.toml", "--methods", "fedproto,fedali", "--seeds", "0", "--out", str(out),
-            *_overrides("rounds=2", "federation.num_clients=3", "method.prototype_counts=[16, 8]")]
+    args = [
+        "compare",
+        "configs/fedapa-csi.toml",
+        "--methods",
+        "fedproto,fedali",
+        "--seeds",
+        "0",
+        "--out",
+        str(out),
+        *_overrides("rounds=2", "federation.num_clients=3", "method.prototype_counts=[16, 8]"),
+    ]
     again = mqttfl(*args, "--resume")
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     assert again.stdout.count("reused a finished run") == 4
     assert json.loads((out / "compare.json").read_text())["rows"] == data["rows"]
     run_dir = out / "data" / "fedproto" / "seed-0"
-    same = load_config("configs/fedapa-csi.toml", run_overrides(
-        [*FAST, "rounds=2", "federation.num_clients=3", "method.prototype_counts=[16, 8]"], "data", "fedproto", 0))
+    same = load_config(
+        "configs/fedapa-csi.toml",
+        run_overrides(
+            [*FAST, "rounds=2", "federation.num_clients=3", "method.prototype_counts=[16, 8]"],
+            "data",
+            "fedproto",
+            0,
+        ),
+    )
     assert finished_summary(run_dir, same) is not None
     assert finished_summary(run_dir, same.model_copy(update={"rounds": 3})) is None

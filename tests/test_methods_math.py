@@ -39,11 +39,24 @@ def toy_shard(index: int, *, n: int = 32, window: int = 8, subcarriers: int = 6)
 class Federation:
     """Clients and server of one method, with every body crossing the real codec."""
 
-    def __init__(self, name: str, *, clients: int = 3, arch: str | list[str] = "middle", rounds: int = 2,
-                 embed_dim: int = 8, **params: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        clients: int = 3,
+        arch: str | list[str] = "middle",
+        rounds: int = 2,
+        embed_dim: int = 8,
+        **params: Any,
+    ) -> None:
         algorithm = get_algorithm(name)
-        self.ctx = Context(num_classes=NUM_CLASSES, embed_dim=embed_dim, rounds=rounds, seed=0,
-                           params=algorithm.params(**params))
+        self.ctx = Context(
+            num_classes=NUM_CLASSES,
+            embed_dim=embed_dim,
+            rounds=rounds,
+            seed=0,
+            params=algorithm.params(**params),
+        )
         self.server: ServerSide = algorithm.server(self.ctx)
         self.clients: list[ClientSide] = []
         self.schemas = []
@@ -52,19 +65,30 @@ class Federation:
             kind = arch[i % len(arch)] if isinstance(arch, list) else arch
             torch.manual_seed(0)
             model = build_model(kind, num_classes=NUM_CLASSES, embed_dim=embed_dim)
-            info = ClientInfo(str(i), kind, tuple(np.unique(shard.y_train).tolist()), len(shard.y_train),
-                              tuple(shard.x_train.shape[1:]))
-            self.clients.append(algorithm.client(self.ctx, info, model, shard, TrainConfig(batch_size=8)))
+            info = ClientInfo(
+                str(i),
+                kind,
+                tuple(np.unique(shard.y_train).tolist()),
+                len(shard.y_train),
+                tuple(shard.x_train.shape[1:]),
+            )
+            self.clients.append(
+                algorithm.client(self.ctx, info, model, shard, TrainConfig(batch_size=8))
+            )
             self.schemas.append(algorithm.upload_schema(self.ctx, info))
         self.uploads: list[Upload] = []
         self.accuracy: list[float] = []
 
     def round(self, t: int) -> None:
-        params = decode(encode(Message("start", "r", t, "coordinator", self.server.round_params(t)))).body
+        params = decode(
+            encode(Message("start", "r", t, "coordinator", self.server.round_params(t)))
+        ).body
         self.uploads = []
         for client, schema in zip(self.clients, self.schemas, strict=True):
             client.train(t, params, np.random.default_rng([t, int(client.info.client_id)]))
-            body = decode(encode(Message("upload", "r", t, client.info.client_id, client.make_upload(t)))).body
+            body = decode(
+                encode(Message("upload", "r", t, client.info.client_id, client.make_upload(t)))
+            ).body
             schema.validate(body)
             self.uploads.append(Upload(client.info.client_id, client.info, body))
         down = self.server.aggregate(t, self.uploads)
@@ -103,21 +127,43 @@ def test_global_bank_can_weight_by_sample_counts() -> None:
 
 def _proto_upload(cid: str, classes: list[int], protos: np.ndarray, counts: list[int]) -> Upload:
     info = ClientInfo(cid, "middle", tuple(classes), sum(counts), (8, 6))
-    return Upload(cid, info, {"classes": np.array(classes), "prototypes": protos.astype(np.float32),
-                              "counts": np.array(counts)})
+    return Upload(
+        cid,
+        info,
+        {
+            "classes": np.array(classes),
+            "prototypes": protos.astype(np.float32),
+            "counts": np.array(counts),
+        },
+    )
 
 
 def test_fedproto_server_broadcasts_the_bank_and_never_weights() -> None:
     ctx = Context(num_classes=4, embed_dim=2, rounds=2, seed=0, params=FedProtoParams())
-    down = FedProtoServer(ctx).aggregate(1, [_proto_upload("0", [0, 1], PROTOS[0, :2], [3, 1]),
-                                             _proto_upload("1", [0, 2], PROTOS[1, [0, 2]], [1, 2])])
+    down = FedProtoServer(ctx).aggregate(
+        1,
+        [
+            _proto_upload("0", [0, 1], PROTOS[0, :2], [3, 1]),
+            _proto_upload("1", [0, 2], PROTOS[1, [0, 2]], [1, 2]),
+        ],
+    )
     assert set(down.broadcast) == {"prototypes", "available"} and down.personal == {}
     np.testing.assert_allclose(down.broadcast["prototypes"][0], [2, 2])
     assert down.broadcast["available"].tolist() == [1, 1, 1, 0]
-    weighted = Context(num_classes=4, embed_dim=2, rounds=2, seed=0,
-                       params=FedProtoParams(proto_weighting="samples"))
-    down = FedProtoServer(weighted).aggregate(1, [_proto_upload("0", [0, 1], PROTOS[0, :2], [3, 1]),
-                                                  _proto_upload("1", [0, 2], PROTOS[1, [0, 2]], [1, 2])])
+    weighted = Context(
+        num_classes=4,
+        embed_dim=2,
+        rounds=2,
+        seed=0,
+        params=FedProtoParams(proto_weighting="samples"),
+    )
+    down = FedProtoServer(weighted).aggregate(
+        1,
+        [
+            _proto_upload("0", [0, 1], PROTOS[0, :2], [3, 1]),
+            _proto_upload("1", [0, 2], PROTOS[1, [0, 2]], [1, 2]),
+        ],
+    )
     np.testing.assert_allclose(down.broadcast["prototypes"][0], [1.5, 1.0])
 
 
@@ -141,7 +187,9 @@ def test_fedproto_loss_is_ce_plus_lambda_mse() -> None:
     client = fed.clients[0]
     assert isinstance(client, FedProtoClient)
     logits, z, y = torch.tensor([[2.0, 0.0, 0.0, 0.0]]), torch.zeros(1, 8), torch.tensor([0])
-    assert float(client.loss(1, {}, logits, z, y)) == pytest.approx(float(F.cross_entropy(logits, y)))
+    assert float(client.loss(1, {}, logits, z, y)) == pytest.approx(
+        float(F.cross_entropy(logits, y))
+    )
     client.bank, client.available = torch.ones(4, 8), torch.ones(4, dtype=torch.bool)
     expected = float(F.cross_entropy(logits, y)) + 2.0 * 1.0  # MSE of 0 against 1 is 1
     assert float(client.loss(1, {}, logits, z, y)) == pytest.approx(expected)
@@ -151,7 +199,14 @@ def test_prototype_clients_report_head_and_nearest_prototype_inference() -> None
     fed = Federation("fedproto").run()
     client = fed.clients[0]
     extra = client.extra_metrics(client.shard.x_test, client.shard.y_test)  # type: ignore[attr-defined]
-    assert {"head_accuracy", "head_f1", "head_mae", "proto_accuracy", "proto_f1", "proto_mae"} <= set(extra)
+    assert {
+        "head_accuracy",
+        "head_f1",
+        "head_mae",
+        "proto_accuracy",
+        "proto_f1",
+        "proto_mae",
+    } <= set(extra)
     proto = Federation("fedproto", inference="prototype").run().clients[0]
     assert proto.bank is not None and proto.available is not None  # type: ignore[attr-defined]
     proto.model.eval()
@@ -166,7 +221,11 @@ def test_caring_weights_are_one_at_or_above_the_mean_and_0_3_below() -> None:
     # mean of 0.9, 0.5, 0.7 is 0.7: the client exactly at the mean counts as good
     assert caring_weights({"a": 0.9, "b": 0.5, "c": 0.7}) == {"a": 1.0, "b": 0.3, "c": 1.0}
     # median of 0.9, 0.1, 0.2 is 0.2 (mean 0.4 would demote c)
-    assert caring_weights({"a": 0.9, "b": 0.1, "c": 0.2}, threshold="median") == {"a": 1.0, "b": 0.3, "c": 1.0}
+    assert caring_weights({"a": 0.9, "b": 0.1, "c": 0.2}, threshold="median") == {
+        "a": 1.0,
+        "b": 0.3,
+        "c": 1.0,
+    }
 
 
 def test_caring_aggregation_uses_the_two_weights_within_each_architecture() -> None:
@@ -174,11 +233,21 @@ def test_caring_aggregation_uses_the_two_weights_within_each_architecture() -> N
 
     def up(cid: str, arch: str, value: float, acc: float) -> Upload:
         info = ClientInfo(cid, arch, (0,), 10, (8, 6))
-        return Upload(cid, info, {"weights": np.full(2, value, np.float32), "num_samples": 10,
-                                  "local_accuracy": acc})
+        return Upload(
+            cid,
+            info,
+            {"weights": np.full(2, value, np.float32), "num_samples": 10, "local_accuracy": acc},
+        )
 
-    down = FedCaringServer(ctx).aggregate(1, [up("0", "tiny", 1.0, 0.9), up("1", "tiny", 4.0, 0.5),
-                                              up("2", "tiny", 2.0, 0.7), up("3", "large", 8.0, 0.1)])
+    down = FedCaringServer(ctx).aggregate(
+        1,
+        [
+            up("0", "tiny", 1.0, 0.9),
+            up("1", "tiny", 4.0, 0.5),
+            up("2", "tiny", 2.0, 0.7),
+            up("3", "large", 8.0, 0.1),
+        ],
+    )
     # (1·1 + 0.3·4 + 1·2) / 2.3 = 4.2 / 2.3
     np.testing.assert_allclose(down.broadcast["weights"]["tiny"], 4.2 / 2.3, rtol=1e-6)
     np.testing.assert_allclose(down.broadcast["weights"]["large"], 8.0)
@@ -270,6 +339,18 @@ def test_an_upload_outside_the_schema_is_rejected_by_client_and_coordinator(name
 
 
 def test_prototype_uploads_are_tiny_next_to_weights() -> None:
-    sizes = {name: len(encode(Message("upload", "r", 1, "0", Federation(name, clients=1, rounds=1)
-                                      .run().uploads[0].body))) for name in ("fedproto", "fedavg")}
+    sizes = {
+        name: len(
+            encode(
+                Message(
+                    "upload",
+                    "r",
+                    1,
+                    "0",
+                    Federation(name, clients=1, rounds=1).run().uploads[0].body,
+                )
+            )
+        )
+        for name in ("fedproto", "fedavg")
+    }
     assert sizes["fedproto"] * 10 < sizes["fedavg"]

@@ -58,8 +58,12 @@ def test_labels_from_file_names_use_the_activity_vocabulary():
 def test_labels_from_regex_constant_and_classes():
     paths = [Path("baseline_c3_1.npz"), Path("movement_c3_2.npz")]
     names, ys, classes = resolve_labels("regex:^.*/?(baseline|movement)_", paths)
-    assert names == ["baseline", "movement"] and ys == [0, 1] and classes == ["baseline", "movement"]
-    _, ys, classes = resolve_labels(r"regex:(?P<label>baseline|movement)", paths, classes=["movement", "baseline"])
+    assert (
+        names == ["baseline", "movement"] and ys == [0, 1] and classes == ["baseline", "movement"]
+    )
+    _, ys, classes = resolve_labels(
+        r"regex:(?P<label>baseline|movement)", paths, classes=["movement", "baseline"]
+    )
     assert ys == [1, 0] and classes == ["movement", "baseline"]
     assert resolve_labels("3", paths)[1:] == ([3, 3], None)
     assert resolve_labels(7, paths)[1] == [7, 7]
@@ -102,8 +106,9 @@ def test_time_split_has_no_leak_and_round_trips(tmp_path):
     a = _ramp_csv(tmp_path / "a.csv", 100)
     b = _ramp_csv(tmp_path / "b.csv", 60, offset=1000)
     out = tmp_path / "shard"
-    dirs = prepare_shards("csv", [a, b], labels=f"map:{_mapping(tmp_path, a=0, b=1)}", out=out,
-                          window=10, stride=5)
+    dirs = prepare_shards(
+        "csv", [a, b], labels=f"map:{_mapping(tmp_path, a=0, b=1)}", out=out, window=10, stride=5
+    )
     assert dirs == [out]
     shard = load_shard(out)
     assert shard.x_train.shape[1:] == (10, 4) and shard.x_train.dtype == np.float32
@@ -115,7 +120,10 @@ def test_time_split_has_no_leak_and_round_trips(tmp_path):
     meta = shard.meta
     assert meta["window"] == 10 and meta["stride"] == 5 and meta["kind"] == "csi-windows"
     assert meta["source_files"] == [str(a), str(b)]
-    assert meta["label_counts"]["train"] == {"0": int((shard.y_train == 0).sum()), "1": int((shard.y_train == 1).sum())}
+    assert meta["label_counts"]["train"] == {
+        "0": int((shard.y_train == 0).sum()),
+        "1": int((shard.y_train == 1).sum()),
+    }
     summary = inspect_shard(out)
     assert summary["num_train"] == shard.num_train and summary["sample_shape"] == [10, 4]
     json.dumps(summary)
@@ -220,7 +228,10 @@ def test_mismatched_subcarriers_in_one_client(tmp_path):
         prepare_shards("csv", [a, b], labels="0", out=out, window=10)
     _assert_clean(info, b, out)
     # one client per file is fine
-    assert len(prepare_shards("csv", [a, b], labels="0", out=out, window=10, per_file_clients=True)) == 2
+    assert (
+        len(prepare_shards("csv", [a, b], labels="0", out=out, window=10, per_file_clients=True))
+        == 2
+    )
 
 
 @pytest.mark.shared_data
@@ -261,8 +272,24 @@ def _parser() -> argparse.ArgumentParser:
 def test_cli_prepare_and_inspect(tmp_path, capsys):
     a = _ramp_csv(tmp_path / "a.csv", 60)
     out = tmp_path / "out"
-    args = _parser().parse_args(["data", "prepare", "--format", "csv", "--input", str(a), "--label", "walk",
-                                 "--out", str(out), "--window", "10", "--subcarriers", "0-2"])
+    args = _parser().parse_args(
+        [
+            "data",
+            "prepare",
+            "--format",
+            "csv",
+            "--input",
+            str(a),
+            "--label",
+            "walk",
+            "--out",
+            str(out),
+            "--window",
+            "10",
+            "--subcarriers",
+            "0-2",
+        ]
+    )
     assert args.func(args) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     assert load_shard(out).x_train.shape[1:] == (10, 3)
@@ -278,8 +305,22 @@ def test_cli_prepare_and_inspect(tmp_path, capsys):
 def test_cli_errors_are_one_line(tmp_path, capsys):
     cli = pytest.importorskip("mqttfl.cli")
     out = tmp_path / "out"
-    code = cli.main(["data", "prepare", "--format", "csv", "--input", str(tmp_path / "nope.csv"),
-                     "--label", "0", "--out", str(out), "--window", "10"])
+    code = cli.main(
+        [
+            "data",
+            "prepare",
+            "--format",
+            "csv",
+            "--input",
+            str(tmp_path / "nope.csv"),
+            "--label",
+            "0",
+            "--out",
+            str(out),
+            "--window",
+            "10",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "nope.csv" in err and err.count("\n") == 1 and "Traceback" not in err
     assert not out.exists()
@@ -305,8 +346,10 @@ def test_espectre_federation():
         if chip == "c3":  # held-out test recording, windowed on each side of packet 3040
             test_file = [f for f in files if "test_c3" in f["path"]][0]
             assert test_file["train"] == 0 and test_file["motion_start"] == 3040
-            assert test_file["test_per_label"] == {"quiet": 3040 // window,
-                                                   "movement": (test_file["packets"] - 3040) // window}
+            assert test_file["test_per_label"] == {
+                "quiet": 3040 // window,
+                "movement": (test_file["packets"] - 3040) // window,
+            }
             assert all(f["test"] == 0 for f in files if f is not test_file)
         else:  # split by time inside each recording: windows never overlap
             for f in files:

@@ -16,8 +16,18 @@ pytestmark = pytest.mark.slow
 def test_espectre_presence_federation_two_rounds(method: str, tmp_path: Path) -> None:
     root = require_shared("espectre")
     out = tmp_path / "run"
-    result = mqttfl("run", "configs/presence-espectre.toml", "--out", str(out), "--set", "rounds=2",
-                    "--set", f"method={method}", "--set", f"data.path={root.parent}")
+    result = mqttfl(
+        "run",
+        "configs/presence-espectre.toml",
+        "--out",
+        str(out),
+        "--set",
+        "rounds=2",
+        "--set",
+        f"method={method}",
+        "--set",
+        f"data.path={root.parent}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["clients"]) == {"0", "1", "2", "3", "4"}  # one client per chip
@@ -30,15 +40,44 @@ def test_prepared_intel5300_shards_train_in_a_federation(tmp_path: Path) -> None
     recordings = require_shared("csi-samples", "intel5300-activity")
     shards, out = tmp_path / "shards", tmp_path / "run"
     inputs = sorted(str(p) for p in recordings.glob("*/*.dat"))
-    prepared = mqttfl("data", "prepare", "--format", "intel5300", "--input", *inputs, "--label", "filename",
-                      "--group-by", "dir", "--window", "50", "--normalize", "--out", str(shards))
+    prepared = mqttfl(
+        "data",
+        "prepare",
+        "--format",
+        "intel5300",
+        "--input",
+        *inputs,
+        "--label",
+        "filename",
+        "--group-by",
+        "dir",
+        "--window",
+        "50",
+        "--normalize",
+        "--out",
+        str(shards),
+    )
     assert prepared.returncode == 0, prepared.stderr
     clients = sorted(p.name for p in shards.iterdir())
     assert clients == ["client-0", "client-1"]  # one client per month folder
-    result = mqttfl("run", "configs/fedapa-csi.toml", "--out", str(out), "--set", "rounds=2",
-                    "--set", "data.source=shards", "--set", f"data.path={shards}",
-                    "--set", "federation.num_clients=2", "--set", "model.num_classes=6",
-                    "--set", "model.name=middle")
+    result = mqttfl(
+        "run",
+        "configs/fedapa-csi.toml",
+        "--out",
+        str(out),
+        "--set",
+        "rounds=2",
+        "--set",
+        "data.source=shards",
+        "--set",
+        f"data.path={shards}",
+        "--set",
+        "federation.num_clients=2",
+        "--set",
+        "model.num_classes=6",
+        "--set",
+        "model.name=middle",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["clients"]) == {"0", "1"}
@@ -48,7 +87,9 @@ def test_prepared_intel5300_shards_train_in_a_federation(tmp_path: Path) -> None
 @pytest.mark.parametrize("config", ["configs/digits-fedsap.toml", "configs/mnist-fedpam.toml"])
 def test_image_configs_run_out_of_the_box(config: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    result = mqttfl("run", config, "--out", str(out), "--set", "rounds=2", "--set", "federation.num_clients=3")
+    result = mqttfl(
+        "run", config, "--out", str(out), "--set", "rounds=2", "--set", "federation.num_clients=3"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["clients"]) == {"0", "1", "2"}

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import FAST, mqttfl
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -16,7 +15,13 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("report") / "run"
     overrides = [*FAST, "rounds=2", "federation.num_clients=2", "method=fedapa"]
-    result = mqttfl("run", "configs/fedapa-csi.toml", "--out", str(out), *sum((["--set", s] for s in overrides), []))
+    result = mqttfl(
+        "run",
+        "configs/fedapa-csi.toml",
+        "--out",
+        str(out),
+        *sum((["--set", s] for s in overrides), []),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 
@@ -42,9 +47,12 @@ def test_report_renders_tables_and_plots_from_a_run(tiny_run: Path, tmp_path: Pa
     data = json.loads((out / "report.json").read_text())
     records = [json.loads(line) for line in (tiny_run / "metrics.jsonl").read_text().splitlines()]
     first = [r for r in records if r["round"] == 1]
-    assert data["accuracy_per_round"]["fedapa"]["1"] == pytest.approx(sum(r["accuracy"] for r in first) / len(first))
+    assert data["accuracy_per_round"]["fedapa"]["1"] == pytest.approx(
+        sum(r["accuracy"] for r in first) / len(first)
+    )
     assert data["kb_per_round"]["fedapa"]["2"] == pytest.approx(
-        sum(r["bytes_up"] + r["bytes_down"] for r in records if r["round"] == 2) / 1000)
+        sum(r["bytes_up"] + r["bytes_down"] for r in records if r["round"] == 2) / 1000
+    )
     assert set(data["client_accuracy"]["fedapa"]) == {"0", "1"}
 
 

@@ -36,7 +36,14 @@ def test_arrays_travel_as_raw_bytes_not_lists() -> None:
 
 def _raw_array(dtype: str, shape: list[int], data: bytes) -> bytes:
     ext = msgpack.ExtType(ARRAY_EXT, msgpack.packb([dtype, shape, data]))
-    envelope = {"v": 1, "type": "upload", "run": "run", "round": 1, "sender": "1", "body": {"a": ext}}
+    envelope = {
+        "v": 1,
+        "type": "upload",
+        "run": "run",
+        "round": 1,
+        "sender": "1",
+        "body": {"a": ext},
+    }
     return msgpack.packb(envelope, use_bin_type=True)
 
 
@@ -52,13 +59,42 @@ def _raw_array(dtype: str, shape: list[int], data: bytes) -> bytes:
         (_raw_array("<c8", [1], b"\0" * 8), "dtype"),
         (_raw_array("<f4", [-1], b""), "shape"),
         (_raw_array("<f4", [1] * 9, b"\0" * 4), "shape"),
-        (msgpack.packb({"v": 1, "type": "upload", "run": "r", "round": 1, "sender": "1"}), "envelope"),
-        (msgpack.packb({"v": 2, "type": "upload", "run": "r", "round": 1, "sender": "1", "body": {}}), "version"),
-        (msgpack.packb({"v": 1, "type": "pwn", "run": "r", "round": 1, "sender": "1", "body": {}}), "type"),
-        (msgpack.packb({"v": 1, "type": "upload", "run": "r", "round": -1, "sender": "1", "body": {}}),
-         "envelope"),
-        (msgpack.packb({"v": 1, "type": "upload", "run": "r", "round": 1, "sender": "1", "body": {},
-                        "extra": 1}), "envelope"),
+        (
+            msgpack.packb({"v": 1, "type": "upload", "run": "r", "round": 1, "sender": "1"}),
+            "envelope",
+        ),
+        (
+            msgpack.packb(
+                {"v": 2, "type": "upload", "run": "r", "round": 1, "sender": "1", "body": {}}
+            ),
+            "version",
+        ),
+        (
+            msgpack.packb(
+                {"v": 1, "type": "pwn", "run": "r", "round": 1, "sender": "1", "body": {}}
+            ),
+            "type",
+        ),
+        (
+            msgpack.packb(
+                {"v": 1, "type": "upload", "run": "r", "round": -1, "sender": "1", "body": {}}
+            ),
+            "envelope",
+        ),
+        (
+            msgpack.packb(
+                {
+                    "v": 1,
+                    "type": "upload",
+                    "run": "r",
+                    "round": 1,
+                    "sender": "1",
+                    "body": {},
+                    "extra": 1,
+                }
+            ),
+            "envelope",
+        ),
     ],
 )
 def test_decode_rejects_with_a_reason(raw: bytes, reason: str) -> None:
@@ -83,8 +119,11 @@ def test_decode_of_arbitrary_bytes_only_raises_wire_errors(raw: bytes) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.binary(max_size=64), st.lists(st.integers(min_value=0, max_value=2**40), max_size=4),
-       st.sampled_from(["<f4", "<i8", "|u1", "<f8"]))
+@given(
+    st.binary(max_size=64),
+    st.lists(st.integers(min_value=0, max_value=2**40), max_size=4),
+    st.sampled_from(["<f4", "<i8", "|u1", "<f8"]),
+)
 def test_declared_shape_must_match_the_bytes(data: bytes, shape: list[int], dtype: str) -> None:
     try:
         out = decode(_raw_array(dtype, shape, data))
@@ -103,7 +142,11 @@ def test_topics_build_and_parse() -> None:
     assert topics.parse(topics.start(9)).round == 9
     assert topics.parse(topics.state).kind == "state"
     assert topics.parse(topics.status("3")).client == "3"
-    for bad in ("mqttfl/other/state", "mqttfl/run-1/round/x/up/1", "mqttfl/run-1/round/1/sideways/1"):
+    for bad in (
+        "mqttfl/other/state",
+        "mqttfl/run-1/round/x/up/1",
+        "mqttfl/run-1/round/1/sideways/1",
+    ):
         with pytest.raises(WireError):
             topics.parse(bad)
     with pytest.raises(WireError):

@@ -34,7 +34,9 @@ def get_algorithm(name: str) -> Algorithm:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ConfigError("method", f"unknown method {name!r}; known: {', '.join(algorithm_names())}") from None
+        raise ConfigError(
+            "method", f"unknown method {name!r}; known: {', '.join(algorithm_names())}"
+        ) from None
 
 
 def make_context(config: Any) -> Context:
@@ -47,7 +49,9 @@ def make_context(config: Any) -> Context:
         embed_dim=config.model.embed_dim,
         rounds=config.rounds,
         seed=config.seed,
-        params=validate_method_params(algorithm.params, _own_params(algorithm, config.method_params)),
+        params=validate_method_params(
+            algorithm.params, _own_params(algorithm, config.method_params)
+        ),
     )
 
 

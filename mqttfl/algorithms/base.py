@@ -82,7 +82,12 @@ class ClientSide(ABC):
     """
 
     def __init__(
-        self, ctx: Context, info: ClientInfo, model: EmbeddingModel, shard: Shard, train: TrainConfig
+        self,
+        ctx: Context,
+        info: ClientInfo,
+        model: EmbeddingModel,
+        shard: Shard,
+        train: TrainConfig,
     ) -> None:
         self.ctx = ctx
         self.info = info
@@ -92,7 +97,9 @@ class ClientSide(ABC):
         self.optimizer = make_optimizer(model, train)
 
     # --- training -------------------------------------------------------------
-    def loss(self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor) -> Tensor:
+    def loss(
+        self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor
+    ) -> Tensor:
         return torch.nn.functional.cross_entropy(logits, y)
 
     def train(self, t: int, params: dict[str, Any], rng: np.random.Generator) -> float:

@@ -79,10 +79,14 @@ def _check_layers(ctx: Context, arch: str) -> tuple[int, ...]:
     widths = alp_widths(arch, ctx.num_classes, ctx.embed_dim)
     counts = ctx.params.prototype_counts
     if not widths:
-        raise ConfigError("model.name", f"fedali needs a model with ALP layers (transformer), not {arch!r}")
+        raise ConfigError(
+            "model.name", f"fedali needs a model with ALP layers (transformer), not {arch!r}"
+        )
     if len(counts) != len(widths):
-        raise ConfigError("method.prototype_counts",
-                          f"{len(counts)} counts for the {len(widths)} ALP layers of {arch!r}")
+        raise ConfigError(
+            "method.prototype_counts",
+            f"{len(counts)} counts for the {len(widths)} ALP layers of {arch!r}",
+        )
     return widths
 
 
@@ -99,8 +103,13 @@ def global_prototypes(stacked: np.ndarray, counts: np.ndarray, *, iterations: in
     start = weighted_mean_prototypes(stacked, counts)
     with warnings.catch_warnings():  # scipy warns when a cluster empties; we keep its start
         warnings.simplefilter("ignore", UserWarning)
-        centroids, _ = kmeans2(stacked.reshape(n * g, d).astype(np.float64), start, iter=iterations,
-                               minit="matrix", missing="warn")
+        centroids, _ = kmeans2(
+            stacked.reshape(n * g, d).astype(np.float64),
+            start,
+            iter=iterations,
+            minit="matrix",
+            missing="warn",
+        )
     return centroids.astype(np.float32)
 
 
@@ -110,11 +119,16 @@ class FedAliServer(ServerSide):
         samples = {u.client_id: float(u.body["num_samples"]) for u in uploads}
         counts = np.array([samples[u.client_id] for u in uploads])
         shared = {
-            str(layer): global_prototypes(np.stack([u.body[local_key(layer)] for u in uploads]), counts,
-                                          iterations=p.kmeans_iterations)
+            str(layer): global_prototypes(
+                np.stack([u.body[local_key(layer)] for u in uploads]),
+                counts,
+                iterations=p.kmeans_iterations,
+            )
             for layer in range(len(p.prototype_counts))
         }
-        return Downlinks(broadcast={"weights": average_by_group(uploads, samples), "global": shared})
+        return Downlinks(
+            broadcast={"weights": average_by_group(uploads, samples), "global": shared}
+        )
 
 
 class FedAliClient(FedAvgClient):
@@ -126,8 +140,14 @@ class FedAliClient(FedAvgClient):
         for index, (layer, count) in enumerate(zip(self.layers, p.prototype_counts, strict=True)):
             generator = torch.Generator().manual_seed(self.ctx.seed * 1000 + index)
             start = torch.randn(count, layer.dim, generator=generator)
-            layer.attach(start, start, beta=p.alp_beta, gamma=p.alp_gamma, epsilon=p.sinkhorn_epsilon,
-                         iterations=p.sinkhorn_iterations)
+            layer.attach(
+                start,
+                start,
+                beta=p.alp_beta,
+                gamma=p.alp_gamma,
+                epsilon=p.sinkhorn_epsilon,
+                iterations=p.sinkhorn_iterations,
+            )
 
     @classmethod
     def upload_schema(cls, ctx: Context, info: ClientInfo) -> PayloadSchema:
@@ -137,13 +157,17 @@ class FedAliClient(FedAvgClient):
             "weights": ArrayField("float32", (weights_length(ctx, info),)),
             "num_samples": IntField(1, 10**9),
         }
-        for layer, (count, width) in enumerate(zip(ctx.params.prototype_counts, widths, strict=True)):
+        for layer, (count, width) in enumerate(
+            zip(ctx.params.prototype_counts, widths, strict=True)
+        ):
             fields[local_key(layer)] = ArrayField("float32", (count, width))
         return PayloadSchema(fields)
 
     def make_upload(self, t: int) -> dict[str, Any]:
-        body: dict[str, Any] = {"weights": flatten_weights(self.model),
-                                "num_samples": len(self.shard.y_train)}
+        body: dict[str, Any] = {
+            "weights": flatten_weights(self.model),
+            "num_samples": len(self.shard.y_train),
+        }
         for index, layer in enumerate(self.layers):
             body[local_key(index)] = layer.local.numpy().copy()
         return body
@@ -172,6 +196,11 @@ class FedAliClient(FedAvgClient):
 
 
 ALGORITHMS = (
-    Algorithm("fedali", FedAliServer, FedAliClient, FedAliParams,
-              summary="ALP layers: local/global prototypes, FedAvg + K-means (FedAli)"),
+    Algorithm(
+        "fedali",
+        FedAliServer,
+        FedAliClient,
+        FedAliParams,
+        summary="ALP layers: local/global prototypes, FedAvg + K-means (FedAli)",
+    ),
 )

@@ -126,7 +126,9 @@ def aggregate_prototypes(
     return q, padded, available
 
 
-def prototype_contrast(embedding: Tensor, anchors: Tensor, y: Tensor, available: Tensor, tau: float) -> Tensor:
+def prototype_contrast(
+    embedding: Tensor, anchors: Tensor, y: Tensor, available: Tensor, tau: float
+) -> Tensor:
     """Eqs. 9-10: E[-log softmax_ŷ(cos(r(h), a^ŷ)/τ)[y]] over the available classes.
 
     ``anchors`` is (C, d) for L_g or (N, C, d) for L_c; for the latter the loss is the
@@ -157,7 +159,9 @@ def prototype_schema(ctx: Context) -> PayloadSchema:
     )
 
 
-def stack_uploads(uploads: list[Upload], num_classes: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+def stack_uploads(
+    uploads: list[Upload], num_classes: int, dim: int
+) -> tuple[np.ndarray, np.ndarray]:
     protos = np.zeros((len(uploads), num_classes, dim), np.float32)
     mask = np.zeros((len(uploads), num_classes), bool)
     for row, upload in enumerate(uploads):
@@ -170,8 +174,9 @@ def stack_uploads(uploads: list[Upload], num_classes: int, dim: int) -> tuple[np
 class FedAPAServer(ServerSide):
     def round_params(self, t: int) -> dict[str, Any]:
         p: FedAPAParams = self.ctx.params
-        lam = warmup_lambda(t, lambda_min=p.lambda_min, lambda_max=p.lambda_max,
-                            warmup_rounds=p.warmup_rounds)
+        lam = warmup_lambda(
+            t, lambda_min=p.lambda_min, lambda_max=p.lambda_max, warmup_rounds=p.warmup_rounds
+        )
         return {"lambda": lam}
 
     def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks:
@@ -201,7 +206,9 @@ class FedAPAClient(ClientSide):
     def upload_schema(cls, ctx: Context, info: ClientInfo) -> PayloadSchema:
         return prototype_schema(ctx)
 
-    def loss(self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor) -> Tensor:
+    def loss(
+        self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor
+    ) -> Tensor:
         """Eq. 12: L = L_ce + λ_t (L_g(Q_i) + L_c(P))."""
         loss = F.cross_entropy(logits, y)
         lam = float(params.get("lambda", 0.0))
@@ -256,11 +263,25 @@ class GlobalAvgClientProtosParams(FedAPAParams):
 
 
 ALGORITHMS = (
-    Algorithm("fedapa", FedAPAServer, FedAPAClient, FedAPAParams,
-              summary="similarity-weighted personalized prototypes (FedAPA)"),
-    Algorithm("fedapa-global-avg", FedAPAServer, FedAPAClient, GlobalAvgParams,
-              summary="FedAPA ablation: global mean prototypes, no L_c"),
-    Algorithm("fedapa-global-avg-client-protos", FedAPAServer, FedAPAClient,
-              GlobalAvgClientProtosParams,
-              summary="FedAPA ablation: global mean prototypes with L_c"),
+    Algorithm(
+        "fedapa",
+        FedAPAServer,
+        FedAPAClient,
+        FedAPAParams,
+        summary="similarity-weighted personalized prototypes (FedAPA)",
+    ),
+    Algorithm(
+        "fedapa-global-avg",
+        FedAPAServer,
+        FedAPAClient,
+        GlobalAvgParams,
+        summary="FedAPA ablation: global mean prototypes, no L_c",
+    ),
+    Algorithm(
+        "fedapa-global-avg-client-protos",
+        FedAPAServer,
+        FedAPAClient,
+        GlobalAvgClientProtosParams,
+        summary="FedAPA ablation: global mean prototypes with L_c",
+    ),
 )

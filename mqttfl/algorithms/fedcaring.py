@@ -49,27 +49,40 @@ class FedCaringServer(ServerSide):
             groups.setdefault(group_key(upload.info), {})[upload.client_id] = performance
         weights: dict[str, float] = {}
         for performance in groups.values():
-            weights.update(caring_weights(performance, high=p.caring_high, low=p.caring_low,
-                                          threshold=p.caring_threshold))
+            weights.update(
+                caring_weights(
+                    performance, high=p.caring_high, low=p.caring_low, threshold=p.caring_threshold
+                )
+            )
         return Downlinks(broadcast={"weights": average_by_group(uploads, weights)})
 
 
 class FedCaringClient(FedAvgClient):
     @classmethod
     def upload_schema(cls, ctx: Context, info: ClientInfo) -> PayloadSchema:
-        return PayloadSchema({
-            "weights": ArrayField("float32", (weights_length(ctx, info),)),
-            "num_samples": IntField(1, 10**9),
-            "local_accuracy": FloatField(0.0, 1.0),
-        })
+        return PayloadSchema(
+            {
+                "weights": ArrayField("float32", (weights_length(ctx, info),)),
+                "num_samples": IntField(1, 10**9),
+                "local_accuracy": FloatField(0.0, 1.0),
+            }
+        )
 
     def make_upload(self, t: int) -> dict[str, Any]:
         predicted = predict_logits(self.model, self.shard.x_train).argmax(axis=1)
-        return {"weights": flatten_weights(self.model), "num_samples": len(self.shard.y_train),
-                "local_accuracy": float(np.mean(predicted == self.shard.y_train))}
+        return {
+            "weights": flatten_weights(self.model),
+            "num_samples": len(self.shard.y_train),
+            "local_accuracy": float(np.mean(predicted == self.shard.y_train)),
+        }
 
 
 ALGORITHMS = (
-    Algorithm("fedcaring", FedCaringServer, FedCaringClient, FedCaringParams,
-              summary="weights 1 / 0.3 by local performance in aggregation (CARING)"),
+    Algorithm(
+        "fedcaring",
+        FedCaringServer,
+        FedCaringClient,
+        FedCaringParams,
+        summary="weights 1 / 0.3 by local performance in aggregation (CARING)",
+    ),
 )

@@ -60,7 +60,9 @@ class FedPAMClient(FedAvgClient):
         self.pam = nn.Parameter(torch.eye(self.model.embed_dim))
         self.optimizer.add_param_group({"params": [self.pam]})
 
-    def loss(self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor) -> Tensor:
+    def loss(
+        self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor
+    ) -> Tensor:
         """Eq. 3.4: CE(W·z, y) + λ·L_pcl(W·P_k, z, y)."""
         p: FedPAMParams = self.ctx.params
         loss = F.cross_entropy(logits, y)
@@ -74,8 +76,10 @@ class FedPAMClient(FedAvgClient):
         """The adjusted head: argmax_c (W·P_k·z + b)_c."""
         self.model.eval()
         head = adjusted_head(self.model.classifier.weight, self.pam)
-        parts = [(self.model.embed(xb) @ head.T + self.model.classifier.bias).argmax(dim=1)
-                 for xb, _ in batches(x, np.zeros(len(x)), 256, None)]
+        parts = [
+            (self.model.embed(xb) @ head.T + self.model.classifier.bias).argmax(dim=1)
+            for xb, _ in batches(x, np.zeros(len(x)), 256, None)
+        ]
         return torch.cat(parts).numpy() if parts else np.zeros(0, np.int64)
 
     def state_dict(self) -> dict[str, Any]:
@@ -88,6 +92,11 @@ class FedPAMClient(FedAvgClient):
 
 
 ALGORITHMS = (
-    Algorithm("fedpam", FedAvgServer, FedPAMClient, FedPAMParams,
-              summary="FedAvg + local adjustment matrix on the head, PCL (FedPAM)"),
+    Algorithm(
+        "fedpam",
+        FedAvgServer,
+        FedPAMClient,
+        FedPAMParams,
+        summary="FedAvg + local adjustment matrix on the head, PCL (FedPAM)",
+    ),
 )

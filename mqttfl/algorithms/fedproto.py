@@ -36,7 +36,9 @@ class FedProtoServer(BankServer):
 
 
 class FedProtoClient(PrototypeClient):
-    def loss(self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor) -> Tensor:
+    def loss(
+        self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor
+    ) -> Tensor:
         """L = CE(g(r(h)), y) + λ·MSE(r(h), p̄_y)."""
         loss = F.cross_entropy(logits, y)
         lam = self.ctx.params.proto_lambda
@@ -47,6 +49,11 @@ class FedProtoClient(PrototypeClient):
 
 
 ALGORITHMS = (
-    Algorithm("fedproto", FedProtoServer, FedProtoClient, FedProtoParams,
-              summary="global class-mean prototypes, CE + λ·MSE (FedProto)"),
+    Algorithm(
+        "fedproto",
+        FedProtoServer,
+        FedProtoClient,
+        FedProtoParams,
+        summary="global class-mean prototypes, CE + λ·MSE (FedProto)",
+    ),
 )

@@ -88,7 +88,9 @@ def curriculum_lambda(
     return lambda_max * ramp
 
 
-def proxy_loss(embedding: Tensor, bank: Tensor, y: Tensor, available: Tensor, scale: float) -> Tensor:
+def proxy_loss(
+    embedding: Tensor, bank: Tensor, y: Tensor, available: Tensor, scale: float
+) -> Tensor:
     """Eqs. 8-9: -1/|B| Σ_i log softmax_c(s·ĥ_i·p̂_c)[y_i], over the classes in the bank."""
     keep = available[y]
     if not bool(keep.any()):
@@ -169,7 +171,9 @@ def mixed_prototypes(
 
 
 # --- augmentations of CSI windows (the paper's are for images; these are ours) ---------
-def _augment(x: np.ndarray, rng: np.random.Generator, *, jitter: float, mask_fraction: float) -> np.ndarray:
+def _augment(
+    x: np.ndarray, rng: np.random.Generator, *, jitter: float, mask_fraction: float
+) -> np.ndarray:
     """Per-sample gain change and additive noise (both ∝ ``jitter``), then a random
     contiguous span of ``mask_fraction`` of the first sample axis set to the sample mean."""
     axes = tuple(range(1, x.ndim))
@@ -203,8 +207,13 @@ def _cycle(n: int, size: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
 class FedSAPServer(BankServer):
     def round_params(self, t: int) -> dict[str, Any]:
         p: FedSAPParams = self.ctx.params
-        lam = curriculum_lambda(t, lambda_max=p.sap_lambda_max, start_round=p.sap_start_round,
-                                end_round=p.sap_end_round or self.ctx.rounds, shape=p.sap_schedule)
+        lam = curriculum_lambda(
+            t,
+            lambda_max=p.sap_lambda_max,
+            start_round=p.sap_start_round,
+            end_round=p.sap_end_round or self.ctx.rounds,
+            shape=p.sap_schedule,
+        )
         return {"lambda": lam, "semi": p.semi_supervised and t > p.supervised_rounds}
 
 
@@ -236,32 +245,49 @@ class FedSAPClient(PrototypeClient):
         if lam > 0:
             loss = loss + lam * prototype_mse(embedding, self.bank, y, self.available)
         if self.ctx.params.use_proxy:
-            loss = loss + proxy_loss(embedding, self.bank, y, self.available, self.ctx.params.proxy_scale)
+            loss = loss + proxy_loss(
+                embedding, self.bank, y, self.available, self.ctx.params.proxy_scale
+            )
         return loss
 
-    def loss(self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor) -> Tensor:
+    def loss(
+        self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor
+    ) -> Tensor:
         return self.supervised_loss(float(params.get("lambda", 0.0)), logits, embedding, y)
 
     def train(self, t: int, params: dict[str, Any], rng: np.random.Generator) -> float:
-        self.semi_round = bool(params.get("semi", False)) and self.pool is not None and self.has_bank()
+        self.semi_round = (
+            bool(params.get("semi", False)) and self.pool is not None and self.has_bank()
+        )
         if not self.semi_round:
             x, y = self.labelled()
-            return train_epochs(self.model, self.optimizer, x, y,
-                                lambda logits, z, yb: self.loss(t, params, logits, z, yb),
-                                epochs=self.train_config.local_epochs,
-                                batch_size=self.train_config.batch_size, rng=rng)
+            return train_epochs(
+                self.model,
+                self.optimizer,
+                x,
+                y,
+                lambda logits, z, yb: self.loss(t, params, logits, z, yb),
+                epochs=self.train_config.local_epochs,
+                batch_size=self.train_config.batch_size,
+                rng=rng,
+            )
         if self.thresholds is None:  # the end of the supervised phase
             self.thresholds = self.calibrate()
-            get_logger().info("fedsap.thresholds_calibrated", round=t, margin=round(self.thresholds[0], 6),
-                              max_distance=round(self.thresholds[1], 6))
+            get_logger().info(
+                "fedsap.thresholds_calibrated",
+                round=t,
+                margin=round(self.thresholds[0], 6),
+                max_distance=round(self.thresholds[1], 6),
+            )
         return self._train_semi(t, float(params.get("lambda", 0.0)), rng)
 
     def calibrate(self) -> tuple[float, float]:
         assert self.bank is not None and self.available is not None
         x, y = self.labelled()
         z = torch.from_numpy(embed_all(self.model, x))
-        return calibrate_thresholds(z, torch.from_numpy(y), self.bank, self.available,
-                                    self.ctx.params.threshold_quantile)
+        return calibrate_thresholds(
+            z, torch.from_numpy(y), self.bank, self.available, self.ctx.params.threshold_quantile
+        )
 
     def _train_semi(self, t: int, lam: float, rng: np.random.Generator) -> float:
         """Eq. 13 over labelled batches, each paired with a batch from the pool."""
@@ -284,12 +310,19 @@ class FedSAPClient(PrototypeClient):
                 views = torch.from_numpy(np.concatenate([weak_view(xu, rng), strong_view(xu, rng)]))
                 logits, z = self.model(torch.cat([xb, views]))
                 loss = self.supervised_loss(lam, logits[:n], z[:n], yb)
-                labels, accept = pseudo_labels(z[n : n + m].detach(), self.bank, self.available,
-                                               margin=margin, max_distance=d_max)
+                labels, accept = pseudo_labels(
+                    z[n : n + m].detach(),
+                    self.bank,
+                    self.available,
+                    margin=margin,
+                    max_distance=d_max,
+                )
                 seen, accepted = seen + m, accepted + int(accept.sum())
                 if p.cons_lambda > 0 and bool(accept.any()):
                     strong = z[n + m :][accept]
-                    loss = loss + p.cons_lambda * consistency_loss(strong, self.bank, labels[accept])
+                    loss = loss + p.cons_lambda * consistency_loss(
+                        strong, self.bank, labels[accept]
+                    )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 self.optimizer.step()
@@ -308,11 +341,21 @@ class FedSAPClient(PrototypeClient):
         x, y = self.labelled()
         weak = torch.from_numpy(embed_all(self.model, weak_view(self.pool, rng)))
         strong = embed_all(self.model, strong_view(self.pool, rng))
-        labels, accept = pseudo_labels(weak, self.bank, self.available,
-                                       margin=self.thresholds[0], max_distance=self.thresholds[1])
+        labels, accept = pseudo_labels(
+            weak,
+            self.bank,
+            self.available,
+            margin=self.thresholds[0],
+            max_distance=self.thresholds[1],
+        )
         keep = accept.numpy()
-        classes, protos, counts = mixed_prototypes(embed_all(self.model, x), y, strong[keep],
-                                                   labels.numpy()[keep], self.ctx.params.pseudo_alpha)
+        classes, protos, counts = mixed_prototypes(
+            embed_all(self.model, x),
+            y,
+            strong[keep],
+            labels.numpy()[keep],
+            self.ctx.params.pseudo_alpha,
+        )
         return {"classes": classes, "prototypes": protos, "counts": counts}
 
     def state_dict(self) -> dict[str, Any]:
@@ -333,6 +376,11 @@ def _client_number(client_id: str) -> int:
 
 
 ALGORITHMS = (
-    Algorithm("fedsap", FedSAPServer, FedSAPClient, FedSAPParams,
-              summary="curriculum-scheduled prototype alignment + proxy separation (FedSAP)"),
+    Algorithm(
+        "fedsap",
+        FedSAPServer,
+        FedSAPClient,
+        FedSAPParams,
+        summary="curriculum-scheduled prototype alignment + proxy separation (FedSAP)",
+    ),
 )

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from mqttfl.algorithms.base import Algorithm, ClientInfo, ClientSide, Context, Downlinks, ServerSide, Upload
+from mqttfl.algorithms.base import (
+    Algorithm,
+    ClientInfo,
+    ClientSide,
+    Context,
+    Downlinks,
+    ServerSide,
+    Upload,
+)
 from mqttfl.wire.schemas import EMPTY, PayloadSchema
 
 

@@ -34,7 +34,9 @@ def global_bank(
     by each client's sample count of the class instead (Σ n_qc p_qc / Σ n_qc). Returns the
     bank (C, d) float32, zero where nobody holds the class, and ``available`` (C,) bool.
     """
-    weights = mask.astype(np.float64) if counts is None else np.where(mask, counts, 0).astype(np.float64)
+    weights = (
+        mask.astype(np.float64) if counts is None else np.where(mask, counts, 0).astype(np.float64)
+    )
     total = weights.sum(axis=0)  # (C,)
     available = total > 0
     bank = np.einsum("nc,ncd->cd", weights, protos.astype(np.float64))

@@ -47,9 +47,16 @@ class WiFedClient(FedAvgClient):
             cid = self.info.client_id
             key = int(cid) if cid.isdigit() else zlib.crc32(cid.encode())
             rng = np.random.default_rng([self.ctx.seed, t, key, 1])
-            train_epochs(tuned, make_optimizer(tuned, self.train_config), self.shard.x_train,
-                         self.shard.y_train, lambda logits, z, y: F.cross_entropy(logits, y),
-                         epochs=epochs, batch_size=self.train_config.batch_size, rng=rng)
+            train_epochs(
+                tuned,
+                make_optimizer(tuned, self.train_config),
+                self.shard.x_train,
+                self.shard.y_train,
+                lambda logits, z, y: F.cross_entropy(logits, y),
+                epochs=epochs,
+                batch_size=self.train_config.batch_size,
+                rng=rng,
+            )
         return tuned
 
     def predict(self, x: np.ndarray) -> np.ndarray:
@@ -61,6 +68,11 @@ class WiFedClient(FedAvgClient):
 
 
 ALGORITHMS = (
-    Algorithm("wifed", FedAvgServer, WiFedClient, WiFedParams,
-              summary="FedAvg, then local fine-tuning before evaluation (WiFederated)"),
+    Algorithm(
+        "wifed",
+        FedAvgServer,
+        WiFedClient,
+        WiFedParams,
+        summary="FedAvg, then local fine-tuning before evaluation (WiFederated)",
+    ),
 )

@@ -55,6 +55,8 @@ import numpy as np
 
 from mqttfl.data.capture_checks import (
     check_paths as check_paths,  # re-exported: inputs are checked before parsing
+)
+from mqttfl.data.capture_checks import (
     checked_csi,
     not_format_error,
     read_capture_bytes,
@@ -157,8 +159,10 @@ def _load_intel(path: Path) -> Capture:
         phy="ht40" if bw == 40 else "ht20",
         bandwidth=bw,
         device="intel5300",
-        info={"ntx": sorted({int(v) for v in np.unique(reader.Ntx)}),
-              "nrx": sorted({int(v) for v in np.unique(reader.Nrx)})},
+        info={
+            "ntx": sorted({int(v) for v in np.unique(reader.Ntx)}),
+            "nrx": sorted({int(v) for v in np.unique(reader.Nrx)}),
+        },
     )
 
 
@@ -174,7 +178,9 @@ def _load_atheros(path: Path) -> Capture:
         if walked is not None:
             break
     else:
-        raise not_format_error(path, "atheros", "record lengths do not match the Atheros CSI Tool log")
+        raise not_format_error(
+            path, "atheros", "record lengths do not match the Atheros CSI Tool log"
+        )
     n, max_nr, max_nc, tones = walked
     reader = csiread.Atheros(
         str(path), nrxnum=max(3, max_nr), ntxnum=max(2, max_nc), tones=tones, if_report=False
@@ -188,20 +194,27 @@ def _load_atheros(path: Path) -> Capture:
         index = np.r_[np.arange(-58, -1), np.arange(2, 59)].astype(np.int64)
         phy, bw = "ht40", 40
     return Capture(
-        path=path, fmt="atheros", csi=csi, subcarrier_index=index, phy=phy, bandwidth=bw,
-        device="atheros", info={"endian": endian, "records": n},
+        path=path,
+        fmt="atheros",
+        csi=csi,
+        subcarrier_index=index,
+        phy=phy,
+        bandwidth=bw,
+        device="atheros",
+        info={"endian": endian, "records": n},
     )
 
 
 # ----------------------------------------------------------------------------- nexmon
 
 
-
 def _load_nexmon(path: Path, chip: str | None, bw: int | None) -> Capture:
     import csiread
 
     if chip is None or bw is None:
-        raise DataError(path, "nexmon captures need the chip and bandwidth (--nexmon-chip, --nexmon-bw)")
+        raise DataError(
+            path, "nexmon captures need the chip and bandwidth (--nexmon-chip, --nexmon-bw)"
+        )
     chip = str(chip).lower().removeprefix("bcm")
     if chip not in NEXMON_CHIPS:
         raise DataError(path, f"unknown nexmon chip {chip!r}; one of {', '.join(NEXMON_CHIPS)}")
@@ -222,10 +235,17 @@ def _load_nexmon(path: Path, chip: str | None, bw: int | None) -> Capture:
     csi = checked_csi(path, reader.csi, "nexmon")
     phy = {20: "ht20", 40: "ht40", 80: "vht80"}[bw]
     return Capture(
-        path=path, fmt="nexmon", csi=csi, subcarrier_index=fft_order_index(csi.shape[1]),
-        phy=phy, bandwidth=bw, device=f"nexmon:{chip}",
-        info={"cores": sorted(int(c) for c in np.unique(reader.core)),
-              "spatial_streams": sorted(int(s) for s in np.unique(reader.spatial))},
+        path=path,
+        fmt="nexmon",
+        csi=csi,
+        subcarrier_index=fft_order_index(csi.shape[1]),
+        phy=phy,
+        bandwidth=bw,
+        device=f"nexmon:{chip}",
+        info={
+            "cores": sorted(int(c) for c in np.unique(reader.core)),
+            "spatial_streams": sorted(int(s) for s in np.unique(reader.spatial)),
+        },
     )
 
 
@@ -264,8 +284,12 @@ def _load_esp32(path: Path) -> Capture:
     index = fft_order_index(n) if n == 64 else None
     unique_macs = sorted(set(macs))
     return Capture(
-        path=path, fmt="esp32", csi=np.ascontiguousarray(csi), subcarrier_index=index,
-        phy="legacy20" if n == 64 else None, bandwidth=20 if n == 64 else None,
+        path=path,
+        fmt="esp32",
+        csi=np.ascontiguousarray(csi),
+        subcarrier_index=index,
+        phy="legacy20" if n == 64 else None,
+        bandwidth=20 if n == 64 else None,
         device="esp32" + (f":{unique_macs[0]}" if len(unique_macs) == 1 else ""),
         # ESP32 flags the first 32-bit word (DC and subcarrier +1) invalid
         # (ESP-IDF wifi_csi_info_t.first_word_invalid); the PASSIVE sample shows a
@@ -325,8 +349,13 @@ def _load_npz(path: Path) -> Capture:
             csi = np.ascontiguousarray(np.fft.ifftshift(csi, axes=1))
         index, phy, invalid = fft_order_index(64), "ht20", (0, 1)
     return Capture(
-        path=path, fmt="npz", csi=csi, subcarrier_index=index, phy=phy,
-        bandwidth=20 if phy else None, device=f"esp32:{chip}" if chip else "npz",
+        path=path,
+        fmt="npz",
+        csi=csi,
+        subcarrier_index=index,
+        phy=phy,
+        bandwidth=20 if phy else None,
+        device=f"esp32:{chip}" if chip else "npz",
         invalid_index=invalid,
         info={"kind": kind, "label": _scalar_str(arrays, "label"), "chip": chip or None},
     )
@@ -349,7 +378,11 @@ def _read_numeric_csv(path: Path) -> np.ndarray:
         except ValueError:
             if not rows and lineno == 1:
                 continue  # a header row
-            hint = "; looks like an ESP32-CSI-Tool file, use --format esp32" if cells[0] == "CSI_DATA" else ""
+            hint = (
+                "; looks like an ESP32-CSI-Tool file, use --format esp32"
+                if cells[0] == "CSI_DATA"
+                else ""
+            )
             raise DataError(path, f"line {lineno}: not a row of numbers{hint}") from None
         if width is None:
             width = len(values)
@@ -433,7 +466,9 @@ def read_features(path: str | Path, fmt: str) -> np.ndarray:
             keys = ", ".join(sorted(arrays)) or "none"
             raise DataError(path, f"no 'x', 'features' or 'csi_data' array (keys: {keys})")
         if out.ndim != 2 or not np.issubdtype(out.dtype, np.number) or np.iscomplexobj(out):
-            raise DataError(path, f"feature array {key!r} must be real and 2-D, got {out.dtype} {out.shape}")
+            raise DataError(
+                path, f"feature array {key!r} must be real and 2-D, got {out.dtype} {out.shape}"
+            )
     else:
         raise DataError(path, f"feature vectors come from npz or csv files, not {fmt}")
     if out.shape[0] == 0 or out.shape[1] == 0:

@@ -98,15 +98,15 @@ def walk_intel5300(path: Path, data: bytes) -> tuple[int, int, int]:
             csi_len = body[16] | (body[17] << 8)
             expected = (30 * (nrx * ntx * 8 * 2 + 3) + 7) // 8
             if not (1 <= nrx <= 3 and 1 <= ntx <= 3) or csi_len != expected:
-                raise not_format_error(
-                    path, "intel5300", f"inconsistent CSI record at byte {pos}"
-                )
+                raise not_format_error(path, "intel5300", f"inconsistent CSI record at byte {pos}")
             if len(body) < 20 + csi_len:
                 raise not_format_error(path, "intel5300", f"short CSI record at byte {pos}")
             n += 1
             max_rx, max_tx = max(max_rx, nrx), max(max_tx, ntx)
         elif code != 0xC1:
-            raise not_format_error(path, "intel5300", f"unknown record code {code:#x} at byte {pos}")
+            raise not_format_error(
+                path, "intel5300", f"unknown record code {code:#x} at byte {pos}"
+            )
         pos = end
     if n == 0:
         raise not_format_error(path, "intel5300", "no CSI records")
@@ -185,7 +185,6 @@ def walk_nexmon_pcap(path: Path, data: bytes, nfft: int) -> int:
         found = ", ".join(f"{b} bins" for b in sorted(fits))
         raise DataError(
             path,
-            f"packets carry {found} but the bandwidth given needs {nfft}; "
-            "check --nexmon-bw",
+            f"packets carry {found} but the bandwidth given needs {nfft}; check --nexmon-bw",
         )
     return n

@@ -46,7 +46,9 @@ def parse_subcarriers(text: str) -> str | list[int] | None:
         elif part.isdigit():
             out.append(int(part))
         else:
-            raise ValueError(f"bad subcarrier list item {part!r}; use e.g. 0-25,27,30-40, 'all' or 'auto'")
+            raise ValueError(
+                f"bad subcarrier list item {part!r}; use e.g. 0-25,27,30-40, 'all' or 'auto'"
+            )
     if len(set(out)) != len(out):
         raise ValueError("subcarrier positions repeat")
     return out
@@ -119,13 +121,17 @@ def format_inspection(summary: dict[str, Any]) -> str:
             lines.append(f"  {key}: {meta[key]}")
     if isinstance(meta.get("subcarriers"), dict):
         sc = meta["subcarriers"]
-        lines.append(f"  subcarriers: {sc.get('count')} kept ({sc.get('selection')}), "
-                     f"removed null {_short(sc.get('removed_null'))}, pilot {_short(sc.get('removed_pilot'))}")
+        lines.append(
+            f"  subcarriers: {sc.get('count')} kept ({sc.get('selection')}), "
+            f"removed null {_short(sc.get('removed_null'))}, pilot {_short(sc.get('removed_pilot'))}"
+        )
     if meta.get("normalization"):
         lines.append(f"  normalization: {meta['normalization'].get('kind', 'yes')}")
     if "source_files" in meta:
         files = meta["source_files"]
-        lines.append(f"  source files ({len(files)}): {', '.join(files[:3])}{', ...' if len(files) > 3 else ''}")
+        lines.append(
+            f"  source files ({len(files)}): {', '.join(files[:3])}{', ...' if len(files) > 3 else ''}"
+        )
     return "\n".join(lines)
 
 
@@ -169,11 +175,24 @@ def _classes_arg(text: str) -> list[str]:
 def cmd_prepare(args: argparse.Namespace) -> int:
     try:
         dirs = prepare_shards(
-            args.format, args.input, labels=args.label, out=args.out, window=args.window,
-            stride=args.stride, subcarriers=args.subcarriers, test_fraction=args.test_fraction,
-            seed=args.seed, group_by=args.group_by, classes=args.classes, normalize=args.normalize,
-            phase=args.phase, drop_pilots=not args.keep_pilots, features=args.features,
-            nexmon_chip=args.nexmon_chip, nexmon_bw=args.nexmon_bw, overwrite=args.force,
+            args.format,
+            args.input,
+            labels=args.label,
+            out=args.out,
+            window=args.window,
+            stride=args.stride,
+            subcarriers=args.subcarriers,
+            test_fraction=args.test_fraction,
+            seed=args.seed,
+            group_by=args.group_by,
+            classes=args.classes,
+            normalize=args.normalize,
+            phase=args.phase,
+            drop_pilots=not args.keep_pilots,
+            features=args.features,
+            nexmon_chip=args.nexmon_chip,
+            nexmon_bw=args.nexmon_bw,
+            overwrite=args.force,
         )
     except ValueError as exc:  # a bad option value (label pattern, --features with a binary format)
         raise MqttflError(f"data prepare: {exc}") from None
@@ -199,47 +218,108 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def add_data_commands(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``data prepare`` and ``data inspect`` on an argparse subparsers object."""
-    data = subparsers.add_parser("data", help="turn capture files into client shards, inspect shards")
+    data = subparsers.add_parser(
+        "data", help="turn capture files into client shards, inspect shards"
+    )
     sub = data.add_subparsers(dest="data_command", required=True)
 
     prep = sub.add_parser(
-        "prepare", help="parse capture files into client shards (train/test windows + meta)",
-        description=shard_builder.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "prepare",
+        help="parse capture files into client shards (train/test windows + meta)",
+        description=shard_builder.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     prep.add_argument("--format", required=True, choices=FORMATS, help="capture file format")
-    prep.add_argument("--input", required=True, nargs="+", metavar="FILE", help="capture files (one recording each)")
-    prep.add_argument("--label", required=True,
-                      help="a label value, 'filename', 'regex:PATTERN' or 'map:FILE' (JSON/CSV file -> label)")
+    prep.add_argument(
+        "--input",
+        required=True,
+        nargs="+",
+        metavar="FILE",
+        help="capture files (one recording each)",
+    )
+    prep.add_argument(
+        "--label",
+        required=True,
+        help="a label value, 'filename', 'regex:PATTERN' or 'map:FILE' (JSON/CSV file -> label)",
+    )
     prep.add_argument("--out", required=True, type=Path, help="output shard directory")
-    prep.add_argument("--window", type=_positive_int, default=DEFAULT_WINDOW,
-                      help=f"packets per window (default {DEFAULT_WINDOW}, as in FedAPA)")
-    prep.add_argument("--stride", type=_positive_int, default=None,
-                      help="packets between window starts (default: the window, no overlap)")
-    prep.add_argument("--subcarriers", type=_subcarrier_arg, default=None,
-                      help="'auto' (drop null and pilot subcarriers, default), 'all', or positions like 0-25,38-63")
-    prep.add_argument("--test-fraction", type=_fraction, default=0.2,
-                      help="share of each recording's windows (its end) used for testing (default 0.2)")
-    prep.add_argument("--seed", type=int, default=0, help="seed for the order of the training windows")
+    prep.add_argument(
+        "--window",
+        type=_positive_int,
+        default=DEFAULT_WINDOW,
+        help=f"packets per window (default {DEFAULT_WINDOW}, as in FedAPA)",
+    )
+    prep.add_argument(
+        "--stride",
+        type=_positive_int,
+        default=None,
+        help="packets between window starts (default: the window, no overlap)",
+    )
+    prep.add_argument(
+        "--subcarriers",
+        type=_subcarrier_arg,
+        default=None,
+        help="'auto' (drop null and pilot subcarriers, default), 'all', or positions like 0-25,38-63",
+    )
+    prep.add_argument(
+        "--test-fraction",
+        type=_fraction,
+        default=0.2,
+        help="share of each recording's windows (its end) used for testing (default 0.2)",
+    )
+    prep.add_argument(
+        "--seed", type=int, default=0, help="seed for the order of the training windows"
+    )
     grouping = prep.add_mutually_exclusive_group()
-    grouping.add_argument("--group-by", choices=GROUPINGS, default=None,
-                          help="one client for all inputs (default), per file, per directory or per device")
-    grouping.add_argument("--per-file", dest="group_by", action="store_const", const="file",
-                          help="one client per input file (same as --group-by file)")
-    prep.add_argument("--classes", type=_classes_arg, default=None,
-                      help="comma-separated class names fixing the label numbering across clients")
-    prep.add_argument("--normalize", action="store_true",
-                      help="per-subcarrier z-score fitted on this client's training windows only")
-    prep.add_argument("--phase", action="store_true", help="add the sanitised phase next to the amplitude")
+    grouping.add_argument(
+        "--group-by",
+        choices=GROUPINGS,
+        default=None,
+        help="one client for all inputs (default), per file, per directory or per device",
+    )
+    grouping.add_argument(
+        "--per-file",
+        dest="group_by",
+        action="store_const",
+        const="file",
+        help="one client per input file (same as --group-by file)",
+    )
+    prep.add_argument(
+        "--classes",
+        type=_classes_arg,
+        default=None,
+        help="comma-separated class names fixing the label numbering across clients",
+    )
+    prep.add_argument(
+        "--normalize",
+        action="store_true",
+        help="per-subcarrier z-score fitted on this client's training windows only",
+    )
+    prep.add_argument(
+        "--phase", action="store_true", help="add the sanitised phase next to the amplitude"
+    )
     prep.add_argument("--keep-pilots", action="store_true", help="keep the pilot subcarriers")
-    prep.add_argument("--features", action="store_true",
-                      help="npz/csv rows are ready 1-D feature vectors (no windows)")
-    prep.add_argument("--nexmon-chip", choices=NEXMON_CHIPS, default=None, help="nexmon chip (nexmon only)")
-    prep.add_argument("--nexmon-bw", type=int, choices=NEXMON_BANDWIDTHS, default=None,
-                      help="nexmon bandwidth in MHz (nexmon only)")
+    prep.add_argument(
+        "--features",
+        action="store_true",
+        help="npz/csv rows are ready 1-D feature vectors (no windows)",
+    )
+    prep.add_argument(
+        "--nexmon-chip", choices=NEXMON_CHIPS, default=None, help="nexmon chip (nexmon only)"
+    )
+    prep.add_argument(
+        "--nexmon-bw",
+        type=int,
+        choices=NEXMON_BANDWIDTHS,
+        default=None,
+        help="nexmon bandwidth in MHz (nexmon only)",
+    )
     prep.add_argument("--force", action="store_true", help="replace an existing output directory")
     prep.set_defaults(func=cmd_prepare)
 
-    insp = sub.add_parser("inspect", help="summarise a shard directory (or a directory of client-<i>/ shards)")
+    insp = sub.add_parser(
+        "inspect", help="summarise a shard directory (or a directory of client-<i>/ shards)"
+    )
     insp.add_argument("dir", type=Path, help="shard directory")
     insp.add_argument("--json", action="store_true", help="print the summary as JSON")
     insp.set_defaults(func=cmd_inspect)

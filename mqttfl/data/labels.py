@@ -28,7 +28,14 @@ from pathlib import Path
 from mqttfl.errors import DataError
 
 # The activity vocabulary of the intel5300-activity recordings; the index is the label.
-ACTIVITIES: tuple[str, ...] = ("brushteeth", "cook", "getintobed", "sleeping", "walk", "washingdishes")
+ACTIVITIES: tuple[str, ...] = (
+    "brushteeth",
+    "cook",
+    "getintobed",
+    "sleeping",
+    "walk",
+    "washingdishes",
+)
 
 LabelSpec = str | int | Mapping[str, str | int]
 
@@ -44,7 +51,9 @@ def _load_mapping(path: Path) -> dict[str, str]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise DataError(path, f"label mapping is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+            raise DataError(
+                path, f"label mapping is not valid JSON: {exc.msg} (line {exc.lineno})"
+            ) from None
         if not isinstance(data, dict) or not all(isinstance(v, (str, int)) for v in data.values()):
             raise DataError(path, 'label mapping must be a JSON object {"file": "label", ...}')
         return {str(k): str(v) for k, v in data.items()}
@@ -76,8 +85,11 @@ class _MappingLookup:
                 self.by_name[key] = str(value)
 
     def __call__(self, path: Path) -> str:
-        for candidate in (self.by_path.get(path.resolve()), self.by_name.get(path.name),
-                          self.by_name.get(path.stem)):
+        for candidate in (
+            self.by_path.get(path.resolve()),
+            self.by_name.get(path.name),
+            self.by_name.get(path.stem),
+        ):
             if candidate is not None:
                 return candidate
         raise DataError(path, f"has no label in {self.source}")
@@ -92,7 +104,8 @@ def _filename_label(vocabulary: Sequence[str]) -> Callable[[Path], str]:
         if len(found) != 1:
             what = "no known activity" if not found else f"several activities ({', '.join(found)})"
             raise DataError(
-                path, f"file name names {what}; known: {', '.join(vocabulary)} "
+                path,
+                f"file name names {what}; known: {', '.join(vocabulary)} "
                 "(use --classes, a mapping file or regex:PATTERN)",
             )
         return found[0]
@@ -134,10 +147,10 @@ def _label_function(spec: LabelSpec, classes: Sequence[str] | None) -> Callable[
     if spec in ("filename", "name"):
         return _filename_label(tuple(classes) if classes else ACTIVITIES)
     if spec.startswith("regex:"):
-        return _regex_label(spec[len("regex:"):])
+        return _regex_label(spec[len("regex:") :])
     mapping_path: Path | None = None
     if spec.startswith("map:"):
-        mapping_path = Path(spec[len("map:"):])
+        mapping_path = Path(spec[len("map:") :])
         if not mapping_path.is_file():
             raise DataError(mapping_path, "label mapping file not found")
     elif Path(spec).suffix.lower() in (".json", ".csv") and Path(spec).is_file():
@@ -167,7 +180,9 @@ def resolve_labels(
         ys = []
         for path, name in zip(paths, names, strict=True):
             if name not in index:
-                raise DataError(path, f"label {name!r} is not one of the classes {', '.join(class_list)}")
+                raise DataError(
+                    path, f"label {name!r} is not one of the classes {', '.join(class_list)}"
+                )
             ys.append(index[name])
         return names, ys, class_list
     if all(re.fullmatch(r"\d+", n) for n in names):

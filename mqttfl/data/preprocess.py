@@ -122,7 +122,9 @@ def select_subcarriers(
         return SubcarrierSelection(
             positions=tuple(pos),
             index=None if index is None else tuple(int(index[p]) for p in pos),
-            null=(), pilot=(), source="user",
+            null=(),
+            pilot=(),
+            source="user",
         )
     if index is None or capture.phy not in PHY_OCCUPIED:
         return SubcarrierSelection(tuple(range(n)), None, (), (), "all")
@@ -137,7 +139,9 @@ def select_subcarriers(
     return SubcarrierSelection(
         positions=tuple(keep),
         index=tuple(int(index[p]) for p in keep),
-        null=tuple(null), pilot=tuple(pilot), source=f"plan:{capture.phy}",
+        null=tuple(null),
+        pilot=tuple(pilot),
+        source=f"plan:{capture.phy}",
     )
 
 

@@ -7,13 +7,12 @@ holding ``shard.npz`` (plain arrays, no pickle) and ``meta.json``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import json
 import os
 import shutil
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

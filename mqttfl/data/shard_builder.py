@@ -63,23 +63,51 @@ class _Recording:
 
 
 def _read_recording(
-    path: Path, fmt: str, label_name: str, y: int, *, features: bool,
-    subcarriers: str | Sequence[int] | None, drop_pilots: bool, phase: bool,
-    nexmon_chip: str | None, nexmon_bw: int | None,
+    path: Path,
+    fmt: str,
+    label_name: str,
+    y: int,
+    *,
+    features: bool,
+    subcarriers: str | Sequence[int] | None,
+    drop_pilots: bool,
+    phase: bool,
+    nexmon_chip: str | None,
+    nexmon_bw: int | None,
 ) -> _Recording:
     if features:
         rows = read_features(path, fmt)
-        return _Recording(path, label_name, y, rows, fmt, ("features", rows.shape[1]),
-                          f"{rows.shape[1]} features", None, {})
+        return _Recording(
+            path,
+            label_name,
+            y,
+            rows,
+            fmt,
+            ("features", rows.shape[1]),
+            f"{rows.shape[1]} features",
+            None,
+            {},
+        )
     cap: Capture = load_capture(path, fmt, nexmon_chip=nexmon_chip, nexmon_bw=nexmon_bw)
     chosen = list(range(cap.num_subcarriers)) if subcarriers == "all" else subcarriers
     rows, sel = capture_features(cap, subcarriers=chosen, drop_pilots=drop_pilots, phase=phase)
     shape = tuple(int(d) for d in cap.csi.shape[1:])
-    text = f"{shape[0]} subcarriers" + (f" x {' x '.join(map(str, shape[1:]))} antennas" if len(shape) > 1 else "")
+    text = f"{shape[0]} subcarriers" + (
+        f" x {' x '.join(map(str, shape[1:]))} antennas" if len(shape) > 1 else ""
+    )
     if cap.phy:
         text += f" ({cap.phy})"
-    return _Recording(path, label_name, y, rows, cap.device, ("csi", shape, cap.phy, sel.positions),
-                      text, sel, {"phy": cap.phy, "bandwidth": cap.bandwidth, **cap.info})
+    return _Recording(
+        path,
+        label_name,
+        y,
+        rows,
+        cap.device,
+        ("csi", shape, cap.phy, sel.positions),
+        text,
+        sel,
+        {"phy": cap.phy, "bandwidth": cap.bandwidth, **cap.info},
+    )
 
 
 def _check_client(recordings: list[_Recording]) -> None:
@@ -109,7 +137,9 @@ def _split_recording(
             f"too few packets: {n} packets, fewer than one window of {window} (use a smaller --window)",
         )
     train_starts, test_starts = split_windows_by_time(n, window, stride, test_fraction)
-    return gather_windows(rec.rows, train_starts, window), gather_windows(rec.rows, test_starts, window)
+    return gather_windows(rec.rows, train_starts, window), gather_windows(
+        rec.rows, test_starts, window
+    )
 
 
 def _jsonable(value: Any) -> Any:
@@ -130,23 +160,43 @@ def _counts(y: np.ndarray) -> dict[str, int]:
 
 
 def _build_shard(
-    recordings: list[_Recording], *, fmt: str, features: bool, window: int, stride: int | None,
-    test_fraction: float, seed: int, normalize: bool, phase: bool, classes: list[str] | None,
-    client_index: int, num_clients: int, group_by: str,
+    recordings: list[_Recording],
+    *,
+    fmt: str,
+    features: bool,
+    window: int,
+    stride: int | None,
+    test_fraction: float,
+    seed: int,
+    normalize: bool,
+    phase: bool,
+    classes: list[str] | None,
+    client_index: int,
+    num_clients: int,
+    group_by: str,
 ) -> Shard:
     _check_client(recordings)
     parts_train, parts_test, ys_train, ys_test, files = [], [], [], [], []
     for rec in recordings:
-        tr, te = _split_recording(rec, features=features, window=window, stride=stride,
-                                  test_fraction=test_fraction)
+        tr, te = _split_recording(
+            rec, features=features, window=window, stride=stride, test_fraction=test_fraction
+        )
         parts_train.append(tr)
         parts_test.append(te)
         ys_train.append(np.full(len(tr), rec.y, dtype=np.int64))
         ys_test.append(np.full(len(te), rec.y, dtype=np.int64))
-        files.append({"path": str(rec.path), "label": rec.label_name, "y": rec.y,
-                      "rows" if features else "packets": int(len(rec.rows)),
-                      "train": int(len(tr)), "test": int(len(te)), "device": rec.device,
-                      **({"capture": _jsonable(rec.capture_info)} if rec.capture_info else {})})
+        files.append(
+            {
+                "path": str(rec.path),
+                "label": rec.label_name,
+                "y": rec.y,
+                "rows" if features else "packets": int(len(rec.rows)),
+                "train": int(len(tr)),
+                "test": int(len(te)),
+                "device": rec.device,
+                **({"capture": _jsonable(rec.capture_info)} if rec.capture_info else {}),
+            }
+        )
     x_train = np.concatenate(parts_train)
     x_test = np.concatenate(parts_test)
     y_train = np.concatenate(ys_train)
@@ -157,7 +207,8 @@ def _build_shard(
         raise DataError(names, f"no training {unit} (too few packets for a window of {window})")
     if test_fraction > 0 and len(x_test) == 0:
         raise DataError(
-            names, f"too few {unit} for a train/test split: every recording gives a single "
+            names,
+            f"too few {unit} for a train/test split: every recording gives a single "
             f"{'row' if features else 'window'} (use a smaller --window or --test-fraction 0)",
         )
     norm: Normalizer | None = None
@@ -177,9 +228,14 @@ def _build_shard(
         "group_by": group_by,
         "classes": classes,
         "label_counts": {"train": _counts(y_train), "test": _counts(y_test)},
-        "split": {"method": "time", "test_fraction": test_fraction,
-                  "detail": f"the last {unit} of each recording are test; none shares a packet with train"},
-        "normalization": None if norm is None else {"kind": "per-feature z-score fitted on train", **norm.to_dict()},
+        "split": {
+            "method": "time",
+            "test_fraction": test_fraction,
+            "detail": f"the last {unit} of each recording are test; none shares a packet with train",
+        },
+        "normalization": None
+        if norm is None
+        else {"kind": "per-feature z-score fitted on train", **norm.to_dict()},
         "seed": seed,
         "files": files,
     }
@@ -188,17 +244,25 @@ def _build_shard(
     else:
         sel = first.selection
         assert sel is not None
-        meta.update({
-            "window": window,
-            "stride": window if stride is None else stride,
-            "phase": phase,
-            "subcarriers": sel.to_meta(),
-            "antenna_pairs": int(np.prod(first.shape_key[1][1:])) if len(first.shape_key[1]) > 1 else 1,
-            "features_per_packet": int(x_train.shape[-1]),
-        })
-    return Shard(x_train=np.ascontiguousarray(x_train, dtype=np.float32), y_train=y_train,
-                 x_test=np.ascontiguousarray(x_test, dtype=np.float32), y_test=y_test,
-                 meta=_jsonable(meta))
+        meta.update(
+            {
+                "window": window,
+                "stride": window if stride is None else stride,
+                "phase": phase,
+                "subcarriers": sel.to_meta(),
+                "antenna_pairs": int(np.prod(first.shape_key[1][1:]))
+                if len(first.shape_key[1]) > 1
+                else 1,
+                "features_per_packet": int(x_train.shape[-1]),
+            }
+        )
+    return Shard(
+        x_train=np.ascontiguousarray(x_train, dtype=np.float32),
+        y_train=y_train,
+        x_test=np.ascontiguousarray(x_test, dtype=np.float32),
+        y_test=y_test,
+        meta=_jsonable(meta),
+    )
 
 
 def _group(recordings: list[_Recording], group_by: str) -> list[list[_Recording]]:
@@ -279,16 +343,37 @@ def build_shards(
         seen[p.resolve()] = p
     names, ys, class_list = resolve_labels(labels, paths, classes=classes)
     recordings = [
-        _read_recording(p, fmt, name, y, features=features, subcarriers=subcarriers,
-                        drop_pilots=drop_pilots, phase=phase, nexmon_chip=nexmon_chip,
-                        nexmon_bw=nexmon_bw)
+        _read_recording(
+            p,
+            fmt,
+            name,
+            y,
+            features=features,
+            subcarriers=subcarriers,
+            drop_pilots=drop_pilots,
+            phase=phase,
+            nexmon_chip=nexmon_chip,
+            nexmon_bw=nexmon_bw,
+        )
         for p, name, y in zip(paths, names, ys, strict=True)
     ]
     groups = _group(recordings, group)
     return [
-        _build_shard(recs, fmt=fmt, features=features, window=window, stride=stride,
-                     test_fraction=test_fraction, seed=seed, normalize=normalize, phase=phase,
-                     classes=class_list, client_index=i, num_clients=len(groups), group_by=group)
+        _build_shard(
+            recs,
+            fmt=fmt,
+            features=features,
+            window=window,
+            stride=stride,
+            test_fraction=test_fraction,
+            seed=seed,
+            normalize=normalize,
+            phase=phase,
+            classes=class_list,
+            client_index=i,
+            num_clients=len(groups),
+            group_by=group,
+        )
         for i, recs in enumerate(groups)
     ]
 
@@ -315,4 +400,3 @@ def prepare_shards(
     _check_out(out, overwrite)  # fail fast, before parsing anything
     shards = build_shards(fmt, inputs, **options)
     return _write(shards, out, overwrite)
-

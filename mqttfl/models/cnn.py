@@ -22,8 +22,12 @@ class ImageCNN(EmbeddingModel):
     def __init__(self, *, num_classes: int, embed_dim: int = 256) -> None:
         super().__init__(embed_dim=embed_dim, num_classes=num_classes)
         self.features = nn.Sequential(
-            nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(inplace=True), nn.MaxPool2d(2, ceil_mode=True),
-            nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(inplace=True), nn.MaxPool2d(2, ceil_mode=True),
+            nn.Conv2d(1, 32, 5, padding=2),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2, ceil_mode=True),
+            nn.Conv2d(32, 64, 5, padding=2),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2, ceil_mode=True),
             nn.AdaptiveAvgPool2d(4),
         )
         self.fc = nn.Sequential(nn.Flatten(), nn.Linear(64 * 16, embed_dim), nn.ReLU(inplace=True))

@@ -70,8 +70,16 @@ class ALPLayer(nn.Module):
         self.epsilon = 0.05
         self.iterations = 3
 
-    def attach(self, local: Tensor, shared: Tensor, *, beta: float, gamma: float, epsilon: float,
-               iterations: int) -> None:
+    def attach(
+        self,
+        local: Tensor,
+        shared: Tensor,
+        *,
+        beta: float,
+        gamma: float,
+        epsilon: float,
+        iterations: int,
+    ) -> None:
         if local.shape[1] != self.dim or shared.shape[1] != self.dim:
             raise ValueError(f"prototypes must have width {self.dim}")
         self.local = local.detach().clone().float()
@@ -91,16 +99,24 @@ class ALPLayer(nn.Module):
             if self.training:
                 groups = self.local.shape[0]
                 bank = torch.cat([self.local, self.shared])
-                plan = sinkhorn(unit @ F.normalize(bank, dim=1).T, epsilon=self.epsilon,
-                                iterations=self.iterations)
+                plan = sinkhorn(
+                    unit @ F.normalize(bank, dim=1).T,
+                    epsilon=self.epsilon,
+                    iterations=self.iterations,
+                )
                 matched = self.shared[plan[:, groups:].argmax(dim=1)]
                 ema_update(self.local, flat.detach(), plan[:, :groups], self.gamma)
             else:  # inference: local prototypes only
-                plan = sinkhorn(unit @ F.normalize(self.local, dim=1).T, epsilon=self.epsilon,
-                                iterations=self.iterations)
+                plan = sinkhorn(
+                    unit @ F.normalize(self.local, dim=1).T,
+                    epsilon=self.epsilon,
+                    iterations=self.iterations,
+                )
                 matched = self.local[plan.argmax(dim=1)]
         a, b = self.glu(matched).chunk(2, dim=1)
-        aligned = self.beta * (a * torch.sigmoid(b)).reshape(x.shape) + (1.0 - self.beta) * x  # Eq. 4
+        aligned = (
+            self.beta * (a * torch.sigmoid(b)).reshape(x.shape) + (1.0 - self.beta) * x
+        )  # Eq. 4
         return F.normalize(aligned, dim=-1)
 
 
@@ -111,7 +127,9 @@ class EncoderBlock(nn.Module):
         self.alp = ALPLayer(width)
         self.attention = nn.MultiheadAttention(width, heads, batch_first=True)
         self.norm2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width)
+        )
 
     def forward(self, h: Tensor) -> Tensor:
         a = self.alp(self.norm1(h))
@@ -134,8 +152,17 @@ class TransformerEncoderNet(EmbeddingModel):
     arch = "transformer"
     sample_ndim = 2
 
-    def __init__(self, *, num_classes: int, embed_dim: int = 256, width: int = 32, depth: int = 2,
-                 heads: int = 2, features: int = 32, max_tokens: int = 128) -> None:
+    def __init__(
+        self,
+        *,
+        num_classes: int,
+        embed_dim: int = 256,
+        width: int = 32,
+        depth: int = 2,
+        heads: int = 2,
+        features: int = 32,
+        max_tokens: int = 128,
+    ) -> None:
         super().__init__(embed_dim=embed_dim, num_classes=num_classes)
         self.width, self.features, self.max_tokens = width, features, max_tokens
         self.project = nn.Linear(features, width)
@@ -154,7 +181,9 @@ class TransformerEncoderNet(EmbeddingModel):
         if x.dim() != 3:
             raise ValueError(f"expected input (B, T, S) or (B, 1, T, S), got {tuple(x.shape)}")
         b, t, s = x.shape
-        tokens = F.adaptive_avg_pool1d(x.reshape(b * t, 1, s), self.features).reshape(b, t, self.features)
+        tokens = F.adaptive_avg_pool1d(x.reshape(b * t, 1, s), self.features).reshape(
+            b, t, self.features
+        )
         if t > self.max_tokens:
             tokens = F.adaptive_avg_pool1d(tokens.transpose(1, 2), self.max_tokens).transpose(1, 2)
         h = self.project(tokens)

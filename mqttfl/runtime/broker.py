@@ -105,7 +105,9 @@ class LocalBroker:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 err = stderr_path.read_text(errors="replace")
-                raise BrokerError(f"mosquitto exited at start ({self.process.returncode}): {err.strip()}")
+                raise BrokerError(
+                    f"mosquitto exited at start ({self.process.returncode}): {err.strip()}"
+                )
             if _port_open(self.port):
                 return self
             time.sleep(0.05)

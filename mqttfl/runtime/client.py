@@ -29,7 +29,7 @@ from mqttfl.errors import WireError
 from mqttfl.logs import get_logger
 from mqttfl.models import build_model
 from mqttfl.runtime import messages
-from mqttfl.runtime.transport import Bus, BrokerAddress, Credentials, Incoming
+from mqttfl.runtime.transport import BrokerAddress, Bus, Credentials, Incoming
 from mqttfl.training.metrics import classification_report
 from mqttfl.wire import Message, Topics, check_id, decode, encode
 
@@ -69,10 +69,19 @@ class ClientRunner:
         arch = config.model.arch_for(int(client_id) if client_id.isdigit() else 0)
         torch.manual_seed(config.seed)  # identical initial weights per architecture
         sample_shape = tuple(int(n) for n in shard.x_train.shape[1:])
-        self.model = build_model(arch, num_classes=config.model.num_classes, embed_dim=config.model.embed_dim,
-                                 input_dim=sample_shape[0] if len(sample_shape) == 1 else None)
-        self.info = ClientInfo(client_id, arch, tuple(int(c) for c in np.unique(shard.y_train)),
-                               int(len(shard.y_train)), sample_shape)
+        self.model = build_model(
+            arch,
+            num_classes=config.model.num_classes,
+            embed_dim=config.model.embed_dim,
+            input_dim=sample_shape[0] if len(sample_shape) == 1 else None,
+        )
+        self.info = ClientInfo(
+            client_id,
+            arch,
+            tuple(int(c) for c in np.unique(shard.y_train)),
+            int(len(shard.y_train)),
+            sample_shape,
+        )
         self.method = algorithm.client(self.ctx, self.info, self.model, shard, config.train)
         self.schema = algorithm.upload_schema(self.ctx, self.info)
         self.state_path = state_dir / f"client-{client_id}.pt"
@@ -87,10 +96,23 @@ class ClientRunner:
         self.bus = Bus(
             broker,
             identifier=f"mqttfl-{config.run_id}-client-{client_id}",
-            subscriptions=[self.topics.any_start, self.topics.any_down_all,
-                           self.topics.any_down_for(client_id), self.topics.state],
-            will=(self.topics.status(client_id), messages.status_offline(config.run_id, client_id, "connection lost")),
-            birth=lambda: [(self.topics.status(client_id), messages.status_online(config.run_id, self.info), True)],
+            subscriptions=[
+                self.topics.any_start,
+                self.topics.any_down_all,
+                self.topics.any_down_for(client_id),
+                self.topics.state,
+            ],
+            will=(
+                self.topics.status(client_id),
+                messages.status_offline(config.run_id, client_id, "connection lost"),
+            ),
+            birth=lambda: [
+                (
+                    self.topics.status(client_id),
+                    messages.status_online(config.run_id, self.info),
+                    True,
+                )
+            ],
             credentials=credentials,
             keepalive_s=config.broker.keepalive_s,
         )
@@ -105,15 +127,21 @@ class ClientRunner:
         self.method.load_state_dict({k: v.numpy() for k, v in state["method"].items()})
         self.progress.trained_round = int(state["trained_round"])
         self.progress.applied_round = int(state["applied_round"])
-        self.log.info("client.resumed", trained_round=self.progress.trained_round,
-                      applied_round=self.progress.applied_round)
+        self.log.info(
+            "client.resumed",
+            trained_round=self.progress.trained_round,
+            applied_round=self.progress.applied_round,
+        )
 
     def _state_snapshot(self) -> dict[str, Any]:
         """A copy of everything a restart needs, taken between training steps."""
         return {
             "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
             "optimizer": copy.deepcopy(self.method.optimizer.state_dict()),
-            "method": {k: torch.from_numpy(np.array(v, copy=True)) for k, v in self.method.state_dict().items()},
+            "method": {
+                k: torch.from_numpy(np.array(v, copy=True))
+                for k, v in self.method.state_dict().items()
+            },
             "trained_round": self.progress.trained_round,
             "applied_round": self.progress.applied_round,
         }
@@ -185,7 +213,14 @@ class ClientRunner:
             return
         began = time.monotonic()
         log.info("training.started", selected=len(start.body["selected"]))
-        rng = np.random.default_rng([self.config.seed, self.info.num_samples, t, int(self.client_id) if self.client_id.isdigit() else 0])
+        rng = np.random.default_rng(
+            [
+                self.config.seed,
+                self.info.num_samples,
+                t,
+                int(self.client_id) if self.client_id.isdigit() else 0,
+            ]
+        )
         loss = await asyncio.to_thread(self.method.train, t, dict(start.body["params"]), rng)
         body = await asyncio.to_thread(self.method.make_upload, t)
         self.schema.validate(body)  # refuse to publish anything the method does not permit
@@ -196,8 +231,12 @@ class ClientRunner:
         self.progress.bytes_up[t] = len(payload)
         self.last_loss = loss
         await self._save_state()
-        log.info("upload.sent", bytes=len(payload), train_loss=round(loss, 4),
-                 seconds=round(time.monotonic() - began, 3))
+        log.info(
+            "upload.sent",
+            bytes=len(payload),
+            train_loss=round(loss, 4),
+            seconds=round(time.monotonic() - began, 3),
+        )
 
     async def _resend(self, start: Message) -> None:
         """Round t was announced again without our upload (the coordinator restarted, or
@@ -212,7 +251,9 @@ class ClientRunner:
             payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
         await self.bus.publish(self.topics.up(t, self.client_id), payload)
         self.last_upload = (t, float(start.body["deadline"]), payload, time.monotonic())
-        self.log.info("upload.resent", round=t, bytes=len(payload), attempt=start.body.get("attempt"))
+        self.log.info(
+            "upload.resent", round=t, bytes=len(payload), attempt=start.body.get("attempt")
+        )
 
     async def _apply_ready(self) -> None:
         for t in sorted(self.pending):
@@ -233,14 +274,24 @@ class ClientRunner:
         self.method.receive(t, broadcast, pending.personal)
         predicted = await asyncio.to_thread(self.method.predict, self.shard.x_test)
         report = classification_report(self.shard.y_test, predicted)
-        extra = await asyncio.to_thread(self.method.extra_metrics, self.shard.x_test, self.shard.y_test)
+        extra = await asyncio.to_thread(
+            self.method.extra_metrics, self.shard.x_test, self.shard.y_test
+        )
         self.progress.applied_round = t
         await self._save_state()
-        body = {**extra, **report, "num_test": int(len(self.shard.y_test)), "bytes_up": self.progress.bytes_up.pop(t, 0),
-                "bytes_down": pending.size, "selected": t == self.progress.trained_round,
-                "train_loss": float(getattr(self, "last_loss", 0.0))}
-        await self.bus.publish(self.topics.metrics(t, self.client_id),
-                               encode(Message("metrics", self.config.run_id, t, self.client_id, body)))
+        body = {
+            **extra,
+            **report,
+            "num_test": int(len(self.shard.y_test)),
+            "bytes_up": self.progress.bytes_up.pop(t, 0),
+            "bytes_down": pending.size,
+            "selected": t == self.progress.trained_round,
+            "train_loss": float(getattr(self, "last_loss", 0.0)),
+        }
+        await self.bus.publish(
+            self.topics.metrics(t, self.client_id),
+            encode(Message("metrics", self.config.run_id, t, self.client_id, body)),
+        )
         self.log.info("round.evaluated", round=t, **{k: round(v, 4) for k, v in report.items()})
 
     async def _work(self) -> None:
@@ -249,20 +300,29 @@ class ClientRunner:
             try:
                 await self._handle(incoming)
             except WireError as exc:
-                self.log.warning("message.rejected", topic=incoming.topic, reason=exc.reason, detail=exc.detail)
+                self.log.warning(
+                    "message.rejected", topic=incoming.topic, reason=exc.reason, detail=exc.detail
+                )
 
     async def run(self) -> int:
         structlog.contextvars.bind_contextvars(run_id=self.config.run_id, client_id=self.client_id)
-        self.log.info("client.started", arch=self.info.arch, classes=list(self.info.classes),
-                      samples=self.info.num_samples)
+        self.log.info(
+            "client.started",
+            arch=self.info.arch,
+            classes=list(self.info.classes),
+            samples=self.info.num_samples,
+        )
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(self.bus.run()), group.create_task(self._work())]
             await self.finished.wait()
             await self._state_written()
             try:
-                await self.bus.publish(self.topics.status(self.client_id),
-                                       messages.status_offline(self.config.run_id, self.client_id, "exit"),
-                                       retain=True, timeout=5)
+                await self.bus.publish(
+                    self.topics.status(self.client_id),
+                    messages.status_offline(self.config.run_id, self.client_id, "exit"),
+                    retain=True,
+                    timeout=5,
+                )
             finally:
                 for task in tasks:
                     task.cancel()

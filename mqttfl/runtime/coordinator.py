@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import Counter
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,9 +28,8 @@ from mqttfl.logs import get_logger
 from mqttfl.runtime import messages
 from mqttfl.runtime.gate import UploadGate
 from mqttfl.runtime.journal import Journal, mean_over_clients, summarize_clients
-from mqttfl.runtime.transport import MAX_BACKOFF_S, Bus, BrokerAddress, Credentials, Incoming
+from mqttfl.runtime.transport import MAX_BACKOFF_S, BrokerAddress, Bus, Credentials, Incoming
 from mqttfl.wire import Topics
-
 
 RESUME_LISTEN_S = 5.0  # on resume, how long to wait for the statuses of known clients
 WILL_SETTLE_S = 0.5  # after last wills, how long to watch whether our own connection drops too
@@ -49,7 +48,9 @@ class ClientRecord:
     online: bool = True
 
 
-def select_clients(live: list[str], *, fraction: float, min_clients: int, seed: int, t: int, attempt: int) -> list[str]:
+def select_clients(
+    live: list[str], *, fraction: float, min_clients: int, seed: int, t: int, attempt: int
+) -> list[str]:
     """A seeded sample of ceil(fraction·|live|) clients, never fewer than min_clients."""
     k = min(len(live), max(min_clients, math.ceil(fraction * len(live))))
     rng = np.random.default_rng([seed, t, attempt])
@@ -107,7 +108,9 @@ class Coordinator:
                 self._handle(message)
             except WireError as exc:
                 self.rejected_messages[exc.reason] += 1
-                self.log.warning("message.rejected", topic=message.topic, reason=exc.reason, detail=exc.detail)
+                self.log.warning(
+                    "message.rejected", topic=message.topic, reason=exc.reason, detail=exc.detail
+                )
 
     def _handle(self, message: Incoming) -> None:
         where = self.topics.parse(message.topic)
@@ -137,8 +140,14 @@ class Coordinator:
             self.gate.check(t, client, payload, record.info if record else None)
         except RejectedUpload as exc:
             event = "upload.late" if exc.reason == "stale" else "upload.rejected"
-            self.log.warning(event, round=t, client=client, reason=exc.reason, detail=exc.detail,
-                             bytes=len(payload))
+            self.log.warning(
+                event,
+                round=t,
+                client=client,
+                reason=exc.reason,
+                detail=exc.detail,
+                bytes=len(payload),
+            )
             return
         self.log.debug("upload.accepted", round=t, client=client, bytes=len(payload))
         self.changed.set()
@@ -149,9 +158,11 @@ class Coordinator:
         if client in seen:
             return
         seen.add(client)
-        record = {"round": t, "client_id": client, **{
-            k: v for k, v in message.body.items() if isinstance(v, int | float | str | bool)
-        }}
+        record = {
+            "round": t,
+            "client_id": client,
+            **{k: v for k, v in message.body.items() if isinstance(v, int | float | str | bool)},
+        }
         self.journal.append_metrics(record)
         self.records.append(record)
         self.changed.set()
@@ -177,45 +188,95 @@ class Coordinator:
                 return bool(predicate())
 
     async def _publish_state(self, status: str, t: int, **extra: Any) -> None:
-        await self.bus.publish(self.topics.state, messages.round_state(self.config.run_id, status=status, round=t, **extra), retain=True)
+        await self.bus.publish(
+            self.topics.state,
+            messages.round_state(self.config.run_id, status=status, round=t, **extra),
+            retain=True,
+        )
 
     async def _run_round(self, t: int) -> None:
         log = self.log.bind(round=t)
         started = time.monotonic()
         for attempt in range(1, self.fed.max_round_attempts + 1):
-            if attempt > 1:  # whoever was asked gets a moment to come back (a broker restart drops all)
-                await self._wait(lambda: self.gate.selected - set(self.gate.accepted) <= set(self._live()),
-                                 RETRY_GRACE_S)
+            if (
+                attempt > 1
+            ):  # whoever was asked gets a moment to come back (a broker restart drops all)
+                await self._wait(
+                    lambda: self.gate.selected - set(self.gate.accepted) <= set(self._live()),
+                    RETRY_GRACE_S,
+                )
             if len(self._live()) < self.fed.min_clients:
-                log.warning("round.waiting", reason="too few live clients", live=len(self._live()),
-                            min_clients=self.fed.min_clients, attempt=attempt)
-                await self._wait(lambda: len(self._live()) >= self.fed.min_clients, self.fed.round_timeout_s)
+                log.warning(
+                    "round.waiting",
+                    reason="too few live clients",
+                    live=len(self._live()),
+                    min_clients=self.fed.min_clients,
+                    attempt=attempt,
+                )
+                await self._wait(
+                    lambda: len(self._live()) >= self.fed.min_clients, self.fed.round_timeout_s
+                )
                 if len(self._live()) < self.fed.min_clients:
                     continue
-            selected = select_clients(self._live(), fraction=self.fed.fraction, min_clients=self.fed.min_clients,
-                                      seed=self.config.seed, t=t, attempt=attempt)
+            selected = select_clients(
+                self._live(),
+                fraction=self.fed.fraction,
+                min_clients=self.fed.min_clients,
+                seed=self.config.seed,
+                t=t,
+                attempt=attempt,
+            )
             if attempt > 1:  # a retry asks again whoever was asked before and is live
-                selected = sorted(set(selected) | (self.gate.selected & set(self._live())), key=_order)
+                selected = sorted(
+                    set(selected) | (self.gate.selected & set(self._live())), key=_order
+                )
             self.gate.open_round(t, selected, keep=attempt > 1)
             deadline = time.time() + self.fed.round_timeout_s
             params = self.server.round_params(t)
-            await self._publish_state("open", t, selected=selected, deadline=deadline, params=params, attempt=attempt)
-            await self.bus.publish(self.topics.start(t), messages.round_start(
-                self.config.run_id, t, selected=selected, deadline=deadline, params=params, attempt=attempt,
-                uploaded=sorted(self.gate.accepted, key=_order)))
-            log.info("round.started", selected=selected, attempt=attempt, deadline_s=self.fed.round_timeout_s)
+            await self._publish_state(
+                "open", t, selected=selected, deadline=deadline, params=params, attempt=attempt
+            )
+            await self.bus.publish(
+                self.topics.start(t),
+                messages.round_start(
+                    self.config.run_id,
+                    t,
+                    selected=selected,
+                    deadline=deadline,
+                    params=params,
+                    attempt=attempt,
+                    uploaded=sorted(self.gate.accepted, key=_order),
+                ),
+            )
+            log.info(
+                "round.started",
+                selected=selected,
+                attempt=attempt,
+                deadline_s=self.fed.round_timeout_s,
+            )
             connections = self.bus.connections
-            await self._wait(lambda: all(c in self.gate.accepted or not self.clients[c].online
-                                         for c in selected), self.fed.round_timeout_s)
+            await self._wait(
+                lambda: all(
+                    c in self.gate.accepted or not self.clients[c].online for c in selected
+                ),
+                self.fed.round_timeout_s,
+            )
             await self._settle_after_wills(selected, connections, deadline)
             if len(self.gate.accepted) >= self.fed.min_clients:
                 break
             self.retries += 1
-            log.warning("round.retried", reason="fewer uploads than min_clients", uploads=len(self.gate.accepted),
-                        min_clients=self.fed.min_clients, attempt=attempt)
+            log.warning(
+                "round.retried",
+                reason="fewer uploads than min_clients",
+                uploads=len(self.gate.accepted),
+                min_clients=self.fed.min_clients,
+                attempt=attempt,
+            )
         else:
-            raise RunAborted(f"round {t}: fewer than min_clients={self.fed.min_clients} uploads after "
-                             f"{self.fed.max_round_attempts} attempts")
+            raise RunAborted(
+                f"round {t}: fewer than min_clients={self.fed.min_clients} uploads after "
+                f"{self.fed.max_round_attempts} attempts"
+            )
         uploads = self.gate.close_round()
         missing = sorted(self.gate.selected - {u.client_id for u in uploads}, key=_order)
         for client in missing:
@@ -234,10 +295,17 @@ class Coordinator:
         self._syncing = asyncio.create_task(asyncio.to_thread(self.journal.sync_checkpoint))
         await self._publish_downlinks(t, payloads)
         await self._publish_state("closed", t)
-        log.info("round.closed", uploads=len(uploads), missing=missing, seconds=round(time.monotonic() - started, 3),
-                 **self._progress(t - 1))
+        log.info(
+            "round.closed",
+            uploads=len(uploads),
+            missing=missing,
+            seconds=round(time.monotonic() - started, 3),
+            **self._progress(t - 1),
+        )
 
-    async def _settle_after_wills(self, selected: list[str], connections: int, deadline: float) -> None:
+    async def _settle_after_wills(
+        self, selected: list[str], connections: int, deadline: float
+    ) -> None:
         """A broker going down fires every client's last will just before our own link
         drops. If ours drops too, the wills were the broker's doing, not the clients':
         wait for the broker, give the clients a moment to come back, then wait for the
@@ -250,16 +318,25 @@ class Coordinator:
             return  # they really left
         self.log.warning("round.broker_lost", waiting_for=gone, grace_s=RECONNECT_GRACE_S)
         await self.bus.wait_connected(timeout=self.fed.round_timeout_s)
-        await self._wait(lambda: all(c in self.gate.accepted or self.clients[c].online for c in gone),
-                         min(RECONNECT_GRACE_S, max(deadline - time.time(), 0.0)))
-        await self._wait(lambda: all(c in self.gate.accepted or not self.clients[c].online for c in selected),
-                         max(deadline - time.time(), 0.0))
+        await self._wait(
+            lambda: all(c in self.gate.accepted or self.clients[c].online for c in gone),
+            min(RECONNECT_GRACE_S, max(deadline - time.time(), 0.0)),
+        )
+        await self._wait(
+            lambda: all(c in self.gate.accepted or not self.clients[c].online for c in selected),
+            max(deadline - time.time(), 0.0),
+        )
 
-    async def _publish_downlinks(self, t: int, payloads: messages.DownlinkPayloads, *, count: bool = True) -> None:
+    async def _publish_downlinks(
+        self, t: int, payloads: messages.DownlinkPayloads, *, count: bool = True
+    ) -> None:
         personal, broadcast = payloads.personal, payloads.broadcast
         # Pipelined: one broker round trip for all of them, not one per client.
         await asyncio.gather(
-            *(self.bus.publish(self.topics.down(t, client), payload) for client, payload in personal.items()),
+            *(
+                self.bus.publish(self.topics.down(t, client), payload)
+                for client, payload in personal.items()
+            ),
             self.bus.publish(self.topics.down_all(t), broadcast, retain=True),
         )
         if t > 1:  # only the newest broadcast stays retained, for late joiners
@@ -269,22 +346,36 @@ class Coordinator:
             self.comm["down_count"] += 1
 
     def _progress(self, t: int) -> dict[str, Any]:
-        rows = [r for r in self.records[-4 * max(len(self.clients), 1):] if r["round"] == t]
+        rows = [r for r in self.records[-4 * max(len(self.clients), 1) :] if r["round"] == t]
         if not rows:
             return {}
-        return {"evaluated_round": t, "mean_accuracy": round(float(np.mean([r["accuracy"] for r in rows])), 4),
-                "mean_mae": round(float(np.mean([r["mae"] for r in rows])), 3)}
+        return {
+            "evaluated_round": t,
+            "mean_accuracy": round(float(np.mean([r["accuracy"] for r in rows])), 4),
+            "mean_mae": round(float(np.mean([r["mae"] for r in rows])), 3),
+        }
 
     # --- checkpoint -----------------------------------------------------------------
     def _save_checkpoint(self, t: int, payloads: messages.DownlinkPayloads) -> None:
-        self.journal.save_checkpoint({
-            "run_id": self.config.run_id, "method": self.config.method, "round": t,
-            "server": self.server.state_dict(), "rejections": dict(self.gate.rejections),
-            "comm": self.comm, "retries": self.retries, "missing_uploads": self.missing_uploads,
-            "rejected_messages": dict(self.rejected_messages),
-            "downlink_payloads": {"broadcast": payloads.broadcast, "personal": payloads.personal},
-            "clients": sorted(self.clients, key=_order),
-        }, sync=False)
+        self.journal.save_checkpoint(
+            {
+                "run_id": self.config.run_id,
+                "method": self.config.method,
+                "round": t,
+                "server": self.server.state_dict(),
+                "rejections": dict(self.gate.rejections),
+                "comm": self.comm,
+                "retries": self.retries,
+                "missing_uploads": self.missing_uploads,
+                "rejected_messages": dict(self.rejected_messages),
+                "downlink_payloads": {
+                    "broadcast": payloads.broadcast,
+                    "personal": payloads.personal,
+                },
+                "clients": sorted(self.clients, key=_order),
+            },
+            sync=False,
+        )
 
     async def _synced_checkpoint(self) -> None:
         """Wait for the previous checkpoint's fsync (one at a time; errors surface here)."""
@@ -297,8 +388,10 @@ class Coordinator:
         if state is None:
             return
         if state.get("run_id") != self.config.run_id or state.get("method") != self.config.method:
-            raise MqttflError(f"{self.journal.checkpoint_path} belongs to run {state.get('run_id')!r} "
-                              f"({state.get('method')}); use another --out")
+            raise MqttflError(
+                f"{self.journal.checkpoint_path} belongs to run {state.get('run_id')!r} "
+                f"({state.get('method')}); use another --out"
+            )
         self.server.load_state_dict(state["server"])
         self.gate.rejections.update(state["rejections"])
         self.gate.round = int(state["round"])
@@ -315,7 +408,9 @@ class Coordinator:
             self.metrics_seen.setdefault(int(record["round"]), set()).add(str(record["client_id"]))
         self.log.info("run.resumed", from_round=self.start_round)
 
-    async def _resume(self, t: int, payloads: messages.DownlinkPayloads | None, known: list[str]) -> None:
+    async def _resume(
+        self, t: int, payloads: messages.DownlinkPayloads | None, known: list[str]
+    ) -> None:
         """Hear every client known at the checkpoint again (their retained statuses), and
         re-publish round t's downlinks in case the crash came before they all went out."""
         heard = await self._wait(lambda: set(known) <= set(self.clients), RESUME_LISTEN_S)
@@ -339,25 +434,40 @@ class Coordinator:
 
     async def _run_all(self) -> dict[str, Any]:
         await self.bus.wait_connected(timeout=60)
-        self.log.info("run.started", method=self.config.method, rounds=self.config.rounds,
-                      expected_clients=self.fed.num_clients)
+        self.log.info(
+            "run.started",
+            method=self.config.method,
+            rounds=self.config.rounds,
+            expected_clients=self.fed.num_clients,
+        )
         if self.start_round == 1:
             await self._publish_state("waiting", 0)
-            joined = await self._wait(lambda: len(self._live()) >= self.fed.num_clients, self.fed.join_timeout_s)
-            self.log.info("clients.joined", live=len(self._live()), expected=self.fed.num_clients, all_joined=joined)
+            joined = await self._wait(
+                lambda: len(self._live()) >= self.fed.num_clients, self.fed.join_timeout_s
+            )
+            self.log.info(
+                "clients.joined",
+                live=len(self._live()),
+                expected=self.fed.num_clients,
+                all_joined=joined,
+            )
         elif self.resume is not None:
             await self._resume(self.start_round - 1, *self.resume)
         for t in range(self.start_round, self.config.rounds + 1):
             structlog.contextvars.bind_contextvars(round=t)
             await self._run_round(t)
         last = self.config.rounds
-        await self._wait(lambda: set(self._live()) <= self.metrics_seen.get(last, set()),
-                         self.fed.final_metrics_timeout_s)
+        await self._wait(
+            lambda: set(self._live()) <= self.metrics_seen.get(last, set()),
+            self.fed.final_metrics_timeout_s,
+        )
         await self._synced_checkpoint()
         summary = self.summary()
         self.journal.write_summary(summary)
         await self._publish_state("finished", last)
-        self.log.info("run.finished", rounds=last, mean=summary["mean"], rejections=summary["rejections"])
+        self.log.info(
+            "run.finished", rounds=last, mean=summary["mean"], rejections=summary["rejections"]
+        )
         return summary
 
     def summary(self) -> dict[str, Any]:

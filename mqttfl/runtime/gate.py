@@ -35,7 +35,11 @@ class UploadGate:
         earlier = self.selected if keep and t == self.round else frozenset()
         if not keep or t != self.round:
             self.accepted, self.accepted_bytes = {}, {}
-        self.round, self.open, self.selected = t, True, frozenset(selected) | set(self.accepted) | earlier
+        self.round, self.open, self.selected = (
+            t,
+            True,
+            frozenset(selected) | set(self.accepted) | earlier,
+        )
 
     def close_round(self) -> list[Upload]:
         self.open = False
@@ -68,7 +72,9 @@ class UploadGate:
         if len(raw) > self.max_bytes:
             raise WireError("oversize", f"{len(raw)} bytes exceeds the limit of {self.max_bytes}")
         if t < self.round or (t == self.round and not self.open):
-            raise WireError("stale", f"upload for round {t} after it closed (now round {self.round})")
+            raise WireError(
+                "stale", f"upload for round {t} after it closed (now round {self.round})"
+            )
         if t > self.round:
             raise WireError("future", f"upload for round {t} while round {self.round} is open")
         message = decode(raw)
@@ -79,7 +85,9 @@ class UploadGate:
         if message.round != t:
             raise WireError("round_mismatch", f"message says round {message.round}, topic says {t}")
         if message.sender != client:
-            raise WireError("sender", f"sender {message.sender!r} differs from topic client {client!r}")
+            raise WireError(
+                "sender", f"sender {message.sender!r} differs from topic client {client!r}"
+            )
         if info is None:
             raise WireError("unknown_client", f"client {client!r} never announced itself")
         if client not in self.selected:

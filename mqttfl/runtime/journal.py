@@ -66,7 +66,9 @@ class Journal:
             return [json.loads(line) for line in handle if line.strip()]
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        write_atomic(self.summary_path, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
+        write_atomic(
+            self.summary_path, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode()
+        )
 
 
 def summarize_clients(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -93,4 +95,6 @@ def _id_order(client: str) -> tuple[int, str]:
 def mean_over_clients(table: dict[str, dict[str, float]]) -> dict[str, float]:
     if not table:
         return {"accuracy": 0.0, "f1": 0.0, "mae": 0.0}
-    return {k: float(np.mean([row[k] for row in table.values()])) for k in ("accuracy", "f1", "mae")}
+    return {
+        k: float(np.mean([row[k] for row in table.values()])) for k in ("accuracy", "f1", "mae")
+    }

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +26,21 @@ CHILD_GRACE_S = 30.0
 
 
 def default_out_dir(config: RunConfig) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{config.run_id}-{stamp}"
 
 
 class LocalFederation:
-    def __init__(self, config: RunConfig, config_path: str | None, overrides: list[str], out_dir: Path,
-                 broker_url: str | None = None, *, coordinator_console: str = "info") -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        config_path: str | None,
+        overrides: list[str],
+        out_dir: Path,
+        broker_url: str | None = None,
+        *,
+        coordinator_console: str = "info",
+    ) -> None:
         self.config = config
         self.config_path = config_path
         self.overrides = overrides
@@ -52,13 +60,24 @@ class LocalFederation:
         return cmd + list(extra)
 
     def _spawn(self, name: str, cmd: list[str], console_level: str) -> None:
-        env = {**os.environ, "MQTTFL_PARENT_PID": str(os.getpid()), "MQTTFL_CONSOLE_LEVEL": console_level,
-               "MQTTFL_LOG_DIR": str(self.out_dir / "logs")}
-        self.children[name] = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+        env = {
+            **os.environ,
+            "MQTTFL_PARENT_PID": str(os.getpid()),
+            "MQTTFL_CONSOLE_LEVEL": console_level,
+            "MQTTFL_LOG_DIR": str(self.out_dir / "logs"),
+        }
+        self.children[name] = subprocess.Popen(
+            cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL
+        )
 
     def start_client(self, client_id: str) -> None:
-        self._spawn(f"client-{client_id}", self._command(
-            "client", "--id", client_id, "--state-dir", str(self.out_dir / "clients")), "warning")
+        self._spawn(
+            f"client-{client_id}",
+            self._command(
+                "client", "--id", client_id, "--state-dir", str(self.out_dir / "clients")
+            ),
+            "warning",
+        )
 
     def run(self) -> dict[str, Any]:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -67,12 +86,18 @@ class LocalFederation:
                 self.broker = LocalBroker(self.out_dir / "broker").start()
                 self.broker_url = self.broker.url
                 self.log.info("broker.started", url=self.broker_url)
-            self._spawn("coordinator", self._command("coordinator", "--out", str(self.out_dir)), self.coordinator_console)
+            self._spawn(
+                "coordinator",
+                self._command("coordinator", "--out", str(self.out_dir)),
+                self.coordinator_console,
+            )
             for index in range(self.config.federation.num_clients):
                 self.start_client(str(index))
             code = self._wait_coordinator()
             if code != 0:
-                raise MqttflError(f"the coordinator failed (exit {code}); see {self.out_dir / 'logs'}")
+                raise MqttflError(
+                    f"the coordinator failed (exit {code}); see {self.out_dir / 'logs'}"
+                )
             self._wait_clients(CHILD_GRACE_S)
             return json.loads((self.out_dir / "summary.json").read_text())  # type: ignore[no-any-return]
         finally:
@@ -119,17 +144,23 @@ def _signal_group(child: subprocess.Popen[bytes], sig: int) -> None:
 
 def format_table(summary: dict[str, Any]) -> str:
     """The per-client result table printed at the end of a run."""
-    lines = [f"{summary['method']} on run {summary['run_id']}: {summary['rounds_completed']} rounds "
-             "(means over the last 5 rounds)",
-             f"{'client':>8} {'accuracy':>9} {'macro-F1':>9} {'MAE':>7} {'KB sent':>10} {'KB recv':>10}"]
+    lines = [
+        f"{summary['method']} on run {summary['run_id']}: {summary['rounds_completed']} rounds "
+        "(means over the last 5 rounds)",
+        f"{'client':>8} {'accuracy':>9} {'macro-F1':>9} {'MAE':>7} {'KB sent':>10} {'KB recv':>10}",
+    ]
     for client, row in summary["clients"].items():
-        lines.append(f"{client:>8} {row['accuracy']:>9.4f} {row['f1']:>9.4f} {row['mae']:>7.3f} "
-                     f"{row['kb_sent']:>10.1f} {row['kb_received']:>10.1f}")
+        lines.append(
+            f"{client:>8} {row['accuracy']:>9.4f} {row['f1']:>9.4f} {row['mae']:>7.3f} "
+            f"{row['kb_sent']:>10.1f} {row['kb_received']:>10.1f}"
+        )
     mean = summary["mean"]
     comm = summary["comm"]
     lines.append(f"{'mean':>8} {mean['accuracy']:>9.4f} {mean['f1']:>9.4f} {mean['mae']:>7.3f}")
-    lines.append(f"payload per client-round: up {comm['up_bytes_per_client_round'] / 1000:.2f} KB, "
-                 f"down {comm['down_bytes_per_client_round'] / 1000:.2f} KB")
+    lines.append(
+        f"payload per client-round: up {comm['up_bytes_per_client_round'] / 1000:.2f} KB, "
+        f"down {comm['down_bytes_per_client_round'] / 1000:.2f} KB"
+    )
     if summary.get("rejections"):
         lines.append(f"rejected uploads: {summary['rejections']}")
     return "\n".join(lines)

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from mqttfl.wire.schemas import ClientInfo
 from mqttfl.config import RunConfig, load_config
 from mqttfl.errors import MqttflError, WireError
 from mqttfl.logs import configure_logging, get_logger
 from mqttfl.runtime.messages import status_offline, status_online
 from mqttfl.runtime.transport import BrokerAddress, Bus, Credentials
 from mqttfl.wire import Message, Topics, decode, encode
+from mqttfl.wire.schemas import ClientInfo
 
 BARRIER_S = 2.0  # how long the first selected device waits for the others before all upload
 
@@ -39,11 +39,14 @@ def load_ids(count: int, prefix: str = "load") -> list[str]:
     return [f"{prefix}{i:03d}" for i in range(count)]
 
 
-def prototype_upload(run: str, t: int, client_id: str, classes: list[int], embed_dim: int,
-                     rng: np.random.Generator) -> bytes:
-    body = {"classes": np.asarray(classes, np.int64),
-            "prototypes": rng.standard_normal((len(classes), embed_dim)).astype(np.float32),
-            "counts": np.full(len(classes), 5, np.int64)}
+def prototype_upload(
+    run: str, t: int, client_id: str, classes: list[int], embed_dim: int, rng: np.random.Generator
+) -> bytes:
+    body = {
+        "classes": np.asarray(classes, np.int64),
+        "prototypes": rng.standard_normal((len(classes), embed_dim)).astype(np.float32),
+        "counts": np.full(len(classes), 5, np.int64),
+    }
     return encode(Message("upload", run, t, client_id, body))
 
 
@@ -59,8 +62,14 @@ class Device:
 class LoadFleet:
     """``count`` simulated devices sharing one event loop and one upload barrier."""
 
-    def __init__(self, config: RunConfig, broker: BrokerAddress, ids: list[str], *,
-                 credentials: Credentials | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        broker: BrokerAddress,
+        ids: list[str],
+        *,
+        credentials: Credentials | None = None,
+    ) -> None:
         self.config = config
         self.topics = Topics(config.run_id)
         self.log = get_logger(run_id=config.run_id, client_id="loadclient")
@@ -76,11 +85,15 @@ class LoadFleet:
         classes = sorted(int(c) for c in self.rng.choice(k, size=min(k, 3), replace=False))
         run = self.config.run_id
         info = ClientInfo(cid, "load", tuple(classes), 50, (1,))
-        bus = Bus(broker, identifier=f"mqttfl-{run}-load-{cid}",
-                  subscriptions=[self.topics.any_start, self.topics.any_down_all, self.topics.state],
-                  will=(self.topics.status(cid), status_offline(run, cid, "connection lost")),
-                  birth=lambda: [(self.topics.status(cid), status_online(run, info), True)],
-                  credentials=credentials, keepalive_s=self.config.broker.keepalive_s)
+        bus = Bus(
+            broker,
+            identifier=f"mqttfl-{run}-load-{cid}",
+            subscriptions=[self.topics.any_start, self.topics.any_down_all, self.topics.state],
+            will=(self.topics.status(cid), status_offline(run, cid, "connection lost")),
+            birth=lambda: [(self.topics.status(cid), status_online(run, info), True)],
+            credentials=credentials,
+            keepalive_s=self.config.broker.keepalive_s,
+        )
         return Device(cid, bus, classes)
 
     async def _on_start(self, device: Device, message: Message) -> None:
@@ -100,8 +113,14 @@ class LoadFleet:
             await asyncio.wait_for(release.wait(), timeout=BARRIER_S)
         except TimeoutError:
             release.set()  # somebody missed the start; go without them
-        payload = prototype_upload(self.config.run_id, t, device.client_id, device.classes,
-                                   self.config.model.embed_dim, self.rng)
+        payload = prototype_upload(
+            self.config.run_id,
+            t,
+            device.client_id,
+            device.classes,
+            self.config.model.embed_dim,
+            self.rng,
+        )
         await device.bus.publish(self.topics.up(t, device.client_id), payload)
         self.sent += 1
 
@@ -109,10 +128,18 @@ class LoadFleet:
         if t in device.reported:
             return
         device.reported.add(t)
-        body = {"accuracy": 0.0, "f1": 0.0, "mae": 0.0, "num_test": 0, "selected": t in device.uploaded,
-                "load_client": True}
-        await device.bus.publish(self.topics.metrics(t, device.client_id),
-                                 encode(Message("metrics", self.config.run_id, t, device.client_id, body)))
+        body = {
+            "accuracy": 0.0,
+            "f1": 0.0,
+            "mae": 0.0,
+            "num_test": 0,
+            "selected": t in device.uploaded,
+            "load_client": True,
+        }
+        await device.bus.publish(
+            self.topics.metrics(t, device.client_id),
+            encode(Message("metrics", self.config.run_id, t, device.client_id, body)),
+        )
 
     async def _work(self, device: Device) -> None:
         while True:
@@ -139,9 +166,12 @@ class LoadFleet:
             self.log.info("load.started", devices=len(self.devices))
             await self.finished.wait()
             for device in self.devices.values():
-                await device.bus.publish(self.topics.status(device.client_id),
-                                         status_offline(self.config.run_id, device.client_id, "exit"),
-                                         retain=True, timeout=5)
+                await device.bus.publish(
+                    self.topics.status(device.client_id),
+                    status_offline(self.config.run_id, device.client_id, "exit"),
+                    retain=True,
+                    timeout=5,
+                )
             self.log.info("load.finished", uploads_sent=self.sent)
             for task in tasks:
                 task.cancel()
@@ -149,10 +179,14 @@ class LoadFleet:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mqttfl.runtime.loadclient", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m mqttfl.runtime.loadclient", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--broker", required=True)
     parser.add_argument("--clients", type=int, required=True, help="how many simulated devices")
-    parser.add_argument("--prefix", default="load", help="client ids are <prefix>000, <prefix>001, ...")
+    parser.add_argument(
+        "--prefix", default="load", help="client ids are <prefix>000, <prefix>001, ..."
+    )
     parser.add_argument("--config")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--log", help="JSON-lines log file")
@@ -161,8 +195,12 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config, args.overrides)
         configure_logging(None if args.log is None else Path(args.log), level="info")
         b = config.broker
-        fleet = LoadFleet(config, BrokerAddress.parse(args.broker), load_ids(args.clients, args.prefix),
-                          credentials=Credentials(b.username, b.password, b.tls_ca, b.tls_cert, b.tls_key))
+        fleet = LoadFleet(
+            config,
+            BrokerAddress.parse(args.broker),
+            load_ids(args.clients, args.prefix),
+            credentials=Credentials(b.username, b.password, b.tls_ca, b.tls_cert, b.tls_key),
+        )
         return asyncio.run(fleet.run())
     except MqttflError as exc:
         sys.stderr.write(f"loadclient: error: {exc}\n")

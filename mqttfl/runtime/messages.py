@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mqttfl.algorithms.base import Downlinks
-from mqttfl.wire.schemas import ClientInfo
 from mqttfl.errors import WireError
 from mqttfl.wire import Message, check_id, decode, encode
-from mqttfl.wire.schemas import require_keys
+from mqttfl.wire.schemas import ClientInfo, require_keys
 
 CONTROL_LIMIT = 1_000_000  # control messages are small; anything bigger is hostile
 MAX_SAMPLE_DIMS, MAX_SAMPLE_SIDE = 4, 65_536  # bounds of an announced sample shape
@@ -52,7 +51,10 @@ def read_status(raw: bytes, topic_client: str) -> tuple[str, ClientInfo | None, 
     # 10^9 features would make that a memory bomb.
     shape = body["sample_shape"]
     if not 1 <= len(shape) <= MAX_SAMPLE_DIMS or not all(1 <= n <= MAX_SAMPLE_SIDE for n in shape):
-        raise WireError("range", f"sample_shape {shape[:8]} needs 1-{MAX_SAMPLE_DIMS} sides of 1-{MAX_SAMPLE_SIDE}")
+        raise WireError(
+            "range",
+            f"sample_shape {shape[:8]} needs 1-{MAX_SAMPLE_DIMS} sides of 1-{MAX_SAMPLE_SIDE}",
+        )
     if not 0 <= body["num_samples"] <= 2**40 or not all(0 <= c < 2**16 for c in body["classes"]):
         raise WireError("range", "num_samples or classes out of range")
     info = ClientInfo(
@@ -83,14 +85,25 @@ def round_state(
 
 
 def round_start(
-    run: str, t: int, *, selected: list[str], deadline: float, params: dict[str, Any], attempt: int,
+    run: str,
+    t: int,
+    *,
+    selected: list[str],
+    deadline: float,
+    params: dict[str, Any],
+    attempt: int,
     uploaded: list[str] | None = None,
 ) -> bytes:
     """``uploaded`` lists the clients whose upload for round t the coordinator holds; a
     selected client that already trained t but is not listed sends its upload again (its
     first copy went to a coordinator that crashed, or was lost while the broker restarted)."""
-    body = {"selected": selected, "deadline": deadline, "params": params, "attempt": attempt,
-            "uploaded": uploaded or []}
+    body = {
+        "selected": selected,
+        "deadline": deadline,
+        "params": params,
+        "attempt": attempt,
+        "uploaded": uploaded or [],
+    }
     return encode(Message("start", run, t, COORDINATOR, body))
 
 
@@ -129,8 +142,17 @@ class DownlinkPayloads:
 
 
 def encode_downlinks(run: str, t: int, downlinks: Downlinks) -> DownlinkPayloads:
-    personal = {client: encode(Message("downlink", run, t, COORDINATOR, body))
-                for client, body in downlinks.personal.items()}
-    broadcast = encode(Message("downlink", run, t, COORDINATOR,
-                               {**downlinks.broadcast, "_personal": sorted(downlinks.personal)}))
+    personal = {
+        client: encode(Message("downlink", run, t, COORDINATOR, body))
+        for client, body in downlinks.personal.items()
+    }
+    broadcast = encode(
+        Message(
+            "downlink",
+            run,
+            t,
+            COORDINATOR,
+            {**downlinks.broadcast, "_personal": sorted(downlinks.personal)},
+        )
+    )
     return DownlinkPayloads(broadcast, personal)

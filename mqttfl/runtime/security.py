@@ -68,7 +68,11 @@ class BrokerSetup:
 def client_ids(*, clients: int | None = None, ids: str | None = None) -> list[str]:
     if (clients is None) == (ids is None):
         raise MqttflError("give exactly one of --clients N or --ids a,b,c")
-    names = [str(i) for i in range(clients)] if clients is not None else [s.strip() for s in ids.split(",")]  # type: ignore[union-attr]
+    names = (
+        [str(i) for i in range(clients)]
+        if clients is not None
+        else [s.strip() for s in ids.split(",")]
+    )  # type: ignore[union-attr]
     if not names or (clients is not None and clients < 1):
         raise MqttflError("at least one client identity is needed")
     for name in names:
@@ -105,9 +109,12 @@ def acl_text(clients: list[str], run_id: str | None) -> str:
     return "\n".join(lines)
 
 
-def conf_text(out: Path, *, port: int, bind: str, tls: bool, max_packet_bytes: int, user: str | None) -> str:
+def conf_text(
+    out: Path, *, port: int, bind: str, tls: bool, max_packet_bytes: int, user: str | None
+) -> str:
     lines = [
-        "# Written by `mqttfl broker init`; start with: mosquitto -c " + str(out / "mosquitto.conf"),
+        "# Written by `mqttfl broker init`; start with: mosquitto -c "
+        + str(out / "mosquitto.conf"),
         "per_listener_settings false",
         "allow_anonymous false",
         f"password_file {out / 'passwd'}",
@@ -135,23 +142,37 @@ def conf_text(out: Path, *, port: int, bind: str, tls: bool, max_packet_bytes: i
     lines += ["", f"listener {port} {bind}"]
     if tls:
         tls_dir = out / "tls"
-        lines += [f"cafile {tls_dir / 'ca.crt'}", f"certfile {tls_dir / 'server.crt'}",
-                  f"keyfile {tls_dir / 'server.key'}", "tls_version tlsv1.2"]
+        lines += [
+            f"cafile {tls_dir / 'ca.crt'}",
+            f"certfile {tls_dir / 'server.crt'}",
+            f"keyfile {tls_dir / 'server.key'}",
+            "tls_version tlsv1.2",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def _tool(name: str) -> str:
-    found = shutil.which(name) or next((p for p in (f"/usr/bin/{name}", f"/usr/sbin/{name}") if Path(p).exists()), None)
+    found = shutil.which(name) or next(
+        (p for p in (f"/usr/bin/{name}", f"/usr/sbin/{name}") if Path(p).exists()), None
+    )
     if found is None:
         raise BrokerError(f"{name} is not installed (apt-get install mosquitto openssl)")
     return found
 
 
 def _run(cmd: list[str], *, cwd: Path) -> None:
-    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S,
-                            stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        cmd,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=TOOL_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
     if result.returncode != 0:
-        raise BrokerError(f"{Path(cmd[0]).name} failed ({result.returncode}): {result.stderr.strip()[-500:]}")
+        raise BrokerError(
+            f"{Path(cmd[0]).name} failed ({result.returncode}): {result.stderr.strip()[-500:]}"
+        )
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -180,17 +201,67 @@ def make_tls(tls_dir: Path, hostnames: list[str]) -> None:
     openssl = _tool("openssl")
     tls_dir.mkdir(parents=True, exist_ok=True)
     curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _run([openssl, "req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.crt", "-days", "825",
-          "-subj", "/CN=mqttfl local CA", "-addext", "basicConstraints=critical,CA:TRUE",
-          "-addext", "keyUsage=critical,keyCertSign,cRLSign"], cwd=tls_dir)
-    _run([openssl, "req", *curve, "-keyout", "server.key", "-out", "server.csr",
-          "-subj", f"/CN={hostnames[0]}"], cwd=tls_dir)
+    _run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            *curve,
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "825",
+            "-subj",
+            "/CN=mqttfl local CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+        cwd=tls_dir,
+    )
+    _run(
+        [
+            openssl,
+            "req",
+            *curve,
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            f"/CN={hostnames[0]}",
+        ],
+        cwd=tls_dir,
+    )
     sans = ",".join(f"IP:{h}" if _is_ip(h) else f"DNS:{h}" for h in hostnames)
     (tls_dir / "server.ext").write_text(
         f"subjectAltName={sans}\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=serverAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n")
-    _run([openssl, "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-          "-CAcreateserial", "-out", "server.crt", "-days", "825", "-extfile", "server.ext"], cwd=tls_dir)
+        "extendedKeyUsage=serverAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n"
+    )
+    _run(
+        [
+            openssl,
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "825",
+            "-extfile",
+            "server.ext",
+        ],
+        cwd=tls_dir,
+    )
     for name in ("ca.key", "server.key"):
         os.chmod(tls_dir / name, 0o600)
     for name in ("server.csr", "server.ext", "ca.srl"):
@@ -219,13 +290,18 @@ def init_broker(
 ) -> BrokerSetup:
     out = out.resolve()
     if (out / "passwd").exists() and not force:
-        raise MqttflError(f"{out} already holds a broker setup; pass --force to replace its credentials")
+        raise MqttflError(
+            f"{out} already holds a broker setup; pass --force to replace its credentials"
+        )
     if max_packet_bytes < 1024:
         raise MqttflError("--max-packet-bytes must be at least 1024")
     port = port or (8883 if tls else 1883)
     out.mkdir(parents=True, exist_ok=True)
     (out / "data").mkdir(exist_ok=True)
-    passwords = {COORDINATOR: secrets.token_urlsafe(24), **{c: secrets.token_urlsafe(24) for c in clients}}
+    passwords = {
+        COORDINATOR: secrets.token_urlsafe(24),
+        **{c: secrets.token_urlsafe(24) for c in clients},
+    }
     write_password_file(out / "passwd", passwords)
     if tls:
         make_tls(out / "tls", hostnames or ["localhost", "127.0.0.1"])
@@ -233,8 +309,9 @@ def init_broker(
     # mosquitto started as root switches to the user 'mosquitto' before it reads the
     # password file and ACL; run it as the owner of these private files instead.
     user = getpass.getuser() if os.geteuid() == 0 else None
-    (out / "mosquitto.conf").write_text(conf_text(out, port=port, bind=bind, tls=tls,
-                                                  max_packet_bytes=max_packet_bytes, user=user))
+    (out / "mosquitto.conf").write_text(
+        conf_text(out, port=port, bind=bind, tls=tls, max_packet_bytes=max_packet_bytes, user=user)
+    )
     ca = out / "tls" / "ca.crt"
     for identity, password in passwords.items():
         lines = [f"MQTTFL_BROKER__USERNAME={identity}", f"MQTTFL_BROKER__PASSWORD={password}"]
@@ -245,7 +322,11 @@ def init_broker(
 
 
 def read_env_file(path: Path) -> dict[str, str]:
-    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line and not line.startswith("#"))
+    pairs = (
+        line.split("=", 1)
+        for line in path.read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    )
     return {key.strip(): value.strip() for key, value in pairs}
 
 
@@ -253,33 +334,56 @@ def read_env_file(path: Path) -> dict[str, str]:
 def add_broker_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     broker = subparsers.add_parser("broker", help="set up a secured Mosquitto for a deployment")
     commands = broker.add_subparsers(dest="broker_command", required=True)
-    init = commands.add_parser("init", help="write mosquitto.conf, a password file, an ACL (and TLS files)")
+    init = commands.add_parser(
+        "init", help="write mosquitto.conf, a password file, an ACL (and TLS files)"
+    )
     who = init.add_mutually_exclusive_group(required=True)
     who.add_argument("--clients", type=int, help="client identities 0..N-1")
     who.add_argument("--ids", help="client identities, comma-separated")
     init.add_argument("--out", type=Path, required=True, help="directory for the broker files")
     init.add_argument("--run-id", help="limit the ACL to this run (default: any run)")
     init.add_argument("--port", type=int, help="listener port (default 1883, or 8883 with --tls)")
-    init.add_argument("--bind", default="127.0.0.1", help="listener address (0.0.0.0 to serve a LAN)")
+    init.add_argument(
+        "--bind", default="127.0.0.1", help="listener address (0.0.0.0 to serve a LAN)"
+    )
     init.add_argument("--tls", action="store_true", help="generate a local CA and a TLS listener")
-    init.add_argument("--hostname", action="append", dest="hostnames",
-                      help="name or IP clients use to reach the broker (repeatable; default localhost, 127.0.0.1)")
-    init.add_argument("--max-packet-bytes", type=int, default=DEFAULT_MAX_PACKET,
-                      help="publishes above this size disconnect their sender")
-    init.add_argument("--force", action="store_true", help="replace an existing setup and its credentials")
+    init.add_argument(
+        "--hostname",
+        action="append",
+        dest="hostnames",
+        help="name or IP clients use to reach the broker (repeatable; default localhost, 127.0.0.1)",
+    )
+    init.add_argument(
+        "--max-packet-bytes",
+        type=int,
+        default=DEFAULT_MAX_PACKET,
+        help="publishes above this size disconnect their sender",
+    )
+    init.add_argument(
+        "--force", action="store_true", help="replace an existing setup and its credentials"
+    )
     init.set_defaults(func=cmd_broker_init)
 
 
 def cmd_broker_init(args: argparse.Namespace) -> int:
     import sys
 
-    setup = init_broker(args.out, client_ids(clients=args.clients, ids=args.ids), run_id=args.run_id,
-                        port=args.port, bind=args.bind, tls=args.tls, hostnames=args.hostnames,
-                        max_packet_bytes=args.max_packet_bytes, force=args.force)
+    setup = init_broker(
+        args.out,
+        client_ids(clients=args.clients, ids=args.ids),
+        run_id=args.run_id,
+        port=args.port,
+        bind=args.bind,
+        tls=args.tls,
+        hostnames=args.hostnames,
+        max_packet_bytes=args.max_packet_bytes,
+        force=args.force,
+    )
     sys.stdout.write(
         f"broker files in {setup.out} ({len(setup.passwords) - 1} clients + {COORDINATOR})\n"
         f"  start:  mosquitto -c {setup.conf}\n"
         f"  use:    set -a; . {setup.env_file(COORDINATOR)}; set +a; "
         f"mqttfl coordinator --broker {setup.url} ...\n"
-        "  each client sources its own credentials/<id>.env; keep those files private\n")
+        "  each client sources its own credentials/<id>.env; keep those files private\n"
+    )
     return 0

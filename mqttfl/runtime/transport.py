@@ -156,7 +156,9 @@ class Bus:
                         payload = message.payload
                         if not isinstance(payload, bytes | bytearray):
                             payload = b"" if payload is None else str(payload).encode()
-                        await self.incoming.put(Incoming(message.topic.value, bytes(payload), message.retain))
+                        await self.incoming.put(
+                            Incoming(message.topic.value, bytes(payload), message.retain)
+                        )
             except aiomqtt.MqttError as exc:
                 was_connected = self.connected.is_set()
                 self.connected.clear()
@@ -168,7 +170,13 @@ class Bus:
                 delay = min(delay * 2, self.max_backoff_s)
 
     async def publish(
-        self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False, timeout: float = 60.0
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        timeout: float = 60.0,
     ) -> None:
         """Publish, waiting through reconnects; raise BrokerError after ``timeout``."""
         loop = asyncio.get_running_loop()
@@ -186,20 +194,39 @@ class Bus:
                 await asyncio.sleep(0.05)
                 continue
             try:
-                if await self._send(client, lost, topic, payload, qos=qos, retain=retain,
-                                    timeout=max(remaining, 1.0)):
+                if await self._send(
+                    client,
+                    lost,
+                    topic,
+                    payload,
+                    qos=qos,
+                    retain=retain,
+                    timeout=max(remaining, 1.0),
+                ):
                     return
-                self._log.warning("publish.retrying", topic=topic, error="connection lost before the PUBACK")
+                self._log.warning(
+                    "publish.retrying", topic=topic, error="connection lost before the PUBACK"
+                )
             except aiomqtt.MqttError as exc:
                 self._log.warning("publish.retrying", topic=topic, error=str(exc))
                 await asyncio.sleep(0.2)
 
     @staticmethod
-    async def _send(client: aiomqtt.Client, lost: asyncio.Event, topic: str, payload: bytes, *, qos: int,
-                    retain: bool, timeout: float) -> bool:
+    async def _send(
+        client: aiomqtt.Client,
+        lost: asyncio.Event,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int,
+        retain: bool,
+        timeout: float,
+    ) -> bool:
         """One publish; False if the connection drops first (aiomqtt would wait out the
         timeout for a PUBACK that can no longer come)."""
-        sending = asyncio.ensure_future(client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout))
+        sending = asyncio.ensure_future(
+            client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout)
+        )
         dropped = asyncio.ensure_future(lost.wait())
         try:
             done, _ = await asyncio.wait({sending, dropped}, return_when=asyncio.FIRST_COMPLETED)
@@ -216,4 +243,6 @@ class Bus:
         try:
             await asyncio.wait_for(self.connected.wait(), timeout=timeout)
         except TimeoutError:
-            raise BrokerError(f"could not connect to {self.address} within {timeout:.0f}s") from None
+            raise BrokerError(
+                f"could not connect to {self.address} within {timeout:.0f}s"
+            ) from None

@@ -26,7 +26,11 @@ def macro_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
 
 def mean_absolute_error(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     """For crowd counting the class index is the head count, so MAE is in people."""
-    return float(np.mean(np.abs(y_true.astype(np.int64) - y_pred.astype(np.int64)))) if len(y_true) else 0.0
+    return (
+        float(np.mean(np.abs(y_true.astype(np.int64) - y_pred.astype(np.int64))))
+        if len(y_true)
+        else 0.0
+    )
 
 
 def classification_report(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:

@@ -89,7 +89,8 @@ def _unpack_array(code: int, data: bytes) -> np.ndarray:
     declared = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
     if declared != len(payload):
         raise WireError(
-            "size", f"array declares {declared} bytes of {dtype_str}{tuple(shape)} but carries {len(payload)}"
+            "size",
+            f"array declares {declared} bytes of {dtype_str}{tuple(shape)} but carries {len(payload)}",
         )
     # Copy so the array is writable (torch.from_numpy wants that) and native-endian.
     return np.frombuffer(payload, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))

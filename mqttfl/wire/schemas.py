@@ -25,23 +25,33 @@ class ArrayField:
     max_value: float | None = None
     unique: bool = False
 
-    def check(self, name: str, value: Any, dims: dict[str, int], bounds: Mapping[str, tuple[int, int]]) -> None:
+    def check(
+        self, name: str, value: Any, dims: dict[str, int], bounds: Mapping[str, tuple[int, int]]
+    ) -> None:
         if not isinstance(value, np.ndarray):
             raise WireError("type", f"field '{name}' must be an array, got {type(value).__name__}")
         if value.dtype != np.dtype(self.dtype):
-            raise WireError("dtype", f"field '{name}' has dtype {value.dtype}, expected {self.dtype}")
+            raise WireError(
+                "dtype", f"field '{name}' has dtype {value.dtype}, expected {self.dtype}"
+            )
         if value.ndim != len(self.shape):
-            raise WireError("shape", f"field '{name}' has shape {value.shape}, expected {self.shape}")
+            raise WireError(
+                "shape", f"field '{name}' has shape {value.shape}, expected {self.shape}"
+            )
         for axis, (want, got) in enumerate(zip(self.shape, value.shape, strict=True)):
             if isinstance(want, int):
                 if got != want:
-                    raise WireError("shape", f"field '{name}' axis {axis} is {got}, expected {want}")
+                    raise WireError(
+                        "shape", f"field '{name}' axis {axis} is {got}, expected {want}"
+                    )
                 continue
             low, high = bounds.get(want, (0, 2**31))
             if not low <= got <= high:
                 raise WireError("shape", f"field '{name}' dim {want}={got} outside [{low}, {high}]")
             if dims.setdefault(want, got) != got:
-                raise WireError("shape", f"field '{name}' dim {want}={got} disagrees with {dims[want]}")
+                raise WireError(
+                    "shape", f"field '{name}' dim {want}={got} disagrees with {dims[want]}"
+                )
         if value.dtype.kind == "f" and value.size and not np.isfinite(value).all():
             raise WireError("non_finite", f"field '{name}' holds NaN or Inf")
         if value.size and self.min_value is not None and value.min() < self.min_value:
@@ -57,11 +67,15 @@ class IntField:
     min_value: int = 0
     max_value: int = 2**62
 
-    def check(self, name: str, value: Any, dims: dict[str, int], bounds: Mapping[str, tuple[int, int]]) -> None:
+    def check(
+        self, name: str, value: Any, dims: dict[str, int], bounds: Mapping[str, tuple[int, int]]
+    ) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise WireError("type", f"field '{name}' must be an integer")
         if not self.min_value <= value <= self.max_value:
-            raise WireError("range", f"field '{name}'={value} outside [{self.min_value}, {self.max_value}]")
+            raise WireError(
+                "range", f"field '{name}'={value} outside [{self.min_value}, {self.max_value}]"
+            )
 
 
 @dataclass(frozen=True)
@@ -69,13 +83,17 @@ class FloatField:
     min_value: float = -np.inf
     max_value: float = np.inf
 
-    def check(self, name: str, value: Any, dims: dict[str, int], bounds: Mapping[str, tuple[int, int]]) -> None:
+    def check(
+        self, name: str, value: Any, dims: dict[str, int], bounds: Mapping[str, tuple[int, int]]
+    ) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise WireError("type", f"field '{name}' must be a number")
         if not np.isfinite(value):
             raise WireError("non_finite", f"field '{name}' is NaN or Inf")
         if not self.min_value <= value <= self.max_value:
-            raise WireError("range", f"field '{name}'={value} outside [{self.min_value}, {self.max_value}]")
+            raise WireError(
+                "range", f"field '{name}'={value} outside [{self.min_value}, {self.max_value}]"
+            )
 
 
 Field = ArrayField | IntField | FloatField
