@@ -33,6 +33,9 @@ class FederationConfig(_Table):
     min_clients: int = Field(2, ge=1)
     round_timeout_s: float = Field(120.0, gt=0)
     join_timeout_s: float = Field(120.0, gt=0)
+    # A selected client that has not acknowledged the round's start by then is left out
+    # of the round (and of later selections until it shows life again).
+    ack_timeout_s: float = Field(15.0, gt=0)
     # How long to keep re-announcing a round that has fewer than min_clients uploads.
     max_round_attempts: int = Field(5, ge=1)
     # Uploads above this many bytes are rejected before decoding.
@@ -86,6 +89,7 @@ class BrokerConfig(_Table):
     tls_cert: str | None = None
     tls_key: str | None = None
     keepalive_s: int = Field(15, ge=2)
+    connect_timeout_s: float = Field(10.0, gt=0)
 
 
 class LoggingConfig(_Table):

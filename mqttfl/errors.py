@@ -49,6 +49,22 @@ class WireError(MqttflError):
 class RejectedUpload(WireError):
     """An upload refused by the coordinator (stale round, wrong sender, duplicate...)."""
 
+    round: int | None = None
+    client: str | None = None
+
 
 class BrokerError(MqttflError):
     """The MQTT broker could not be started or reached."""
+
+
+def first_mqttfl_error(error: BaseException) -> MqttflError | None:
+    """The first deliberate error inside an exception group (asyncio.TaskGroup wraps what
+    its tasks raise), so the edge can print it as one line."""
+    if isinstance(error, MqttflError):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            found = first_mqttfl_error(inner)
+            if found is not None:
+                return found
+    return None

@@ -273,13 +273,13 @@ def CONTROL_CATALOGUE(scene: Scene) -> list[tuple[str, bytes, str]]:  # noqa: N8
     """Hostile non-upload messages: (topic under mqttfl/<run>/, payload, reason). They are
     counted apart from upload rejections (summary.json's ``rejected_messages``)."""
     from mqttfl.algorithms.base import ClientInfo
-    from mqttfl.runtime import messages
+    from mqttfl.wire.control import Offline, Online
 
     impostor = ClientInfo(scene.victim, "tiny", scene.classes, 96, (24, 242))
     metrics = {"accuracy": 1.0, "f1": 1.0, "mae": 0.0}
     return [
         ("status/h5", b"\xc1 not msgpack", "malformed"),
-        ("status/h5", messages.status_online(scene.run_id, impostor), "sender"),
+        ("status/h5", Online(impostor).encode(scene.run_id), "sender"),
         (
             "status/h5",
             encode(Message("status", scene.run_id, 0, "h5", {"state": "pwned"})),

@@ -177,7 +177,10 @@ def test_init_writes_conf_hashed_passwords_acl_and_tls(setup: BrokerSetup) -> No
         assert stat.S_IMODE((setup.out / private).stat().st_mode) == 0o600, private
     acl = (setup.out / "acl").read_text()
     assert f"user coordinator\ntopic readwrite {BASE}/#" in acl
-    assert f"user 0\ntopic write {BASE}/status/0\ntopic write {BASE}/round/+/up/0\n" in acl
+    assert (
+        f"user 0\ntopic readwrite {BASE}/status/0\ntopic write {BASE}/round/+/ack/0\n"
+        f"topic write {BASE}/round/+/up/0\n" in acl
+    )
     assert (
         f"topic read {BASE}/round/+/down/0" in acl
         and f"topic read {BASE}/round/+/down/1\n" not in acl.split("user 1")[0]

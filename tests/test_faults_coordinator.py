@@ -7,17 +7,12 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 from faults import RUN_ID, Federation, Seen, Witness, topic_parts
 
 from mqttfl.algorithms import get_algorithm, make_context
-from mqttfl.algorithms.base import Downlinks
 from mqttfl.config import load_config
-from mqttfl.runtime import messages
 from mqttfl.runtime.broker import LocalBroker
-from mqttfl.runtime.coordinator import Coordinator
-from mqttfl.runtime.transport import BrokerAddress
 from mqttfl.wire import decode
 
 ROUNDS, CRASH_ROUND, CLIENTS = 4, 3, "012"
@@ -111,49 +106,3 @@ def summary_rows(fed: Federation) -> list[dict]:
     import json
 
     return [json.loads(line) for line in (fed.out / "metrics.jsonl").read_text().splitlines()]
-
-
-class _Bank:
-    """A stand-in server side with state (the registry's servers keep theirs in uploads)."""
-
-    def __init__(self) -> None:
-        self.bank = np.zeros((3, 4), np.float32)
-        self.rounds_seen: list[int] = []
-
-    def state_dict(self) -> dict:
-        return {"bank": self.bank, "rounds_seen": np.asarray(self.rounds_seen, np.int64)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.bank = np.asarray(state["bank"])
-        self.rounds_seen = [int(t) for t in state["rounds_seen"]]
-
-
-def test_checkpoint_restores_server_state_counters_and_the_next_round(tmp_path: Path) -> None:
-    config = load_config("configs/fedapa-csi.toml", ["rounds=9"])
-    first = Coordinator(config, BrokerAddress.parse("mqtt://127.0.0.1:1"), tmp_path)
-    bank = _Bank()
-    bank.bank += 1.5
-    bank.rounds_seen = [1, 2, 3]
-    first.server.state_dict = bank.state_dict
-    first.gate.rejections.update({"stale": 2})
-    first.comm["up_bytes"] = 1234
-    sent = messages.encode_downlinks(
-        config.run_id,
-        3,
-        Downlinks(broadcast={"p": np.ones(2, np.float32)}, personal={"0": {"q": np.zeros(1)}}),
-    )
-    first._save_checkpoint(3, sent)
-    first.journal.sync_checkpoint()
-
-    second = Coordinator(config, BrokerAddress.parse("mqtt://127.0.0.1:1"), tmp_path)
-    restored = _Bank()
-    second.server.load_state_dict = restored.load_state_dict
-    second._restore()
-    np.testing.assert_array_equal(restored.bank, bank.bank)
-    assert restored.rounds_seen == [1, 2, 3]
-    assert (second.start_round, second.gate.round, second.gate.open) == (4, 3, False)
-    assert second.gate.rejections == {"stale": 2} and second.comm["up_bytes"] == 1234
-    payloads, known = second.resume
-    assert payloads == sent  # the very bytes published are re-sent, nothing is re-aggregated
-    np.testing.assert_array_equal(decode(payloads.broadcast).body["p"], np.ones(2, np.float32))
-    assert second.server.round_params(4) == first.server.round_params(4)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_methods_math import Federation
+from inprocess import Federation
 
 from mqttfl.algorithms.base import ClientInfo, Context, Upload
 from mqttfl.algorithms.fedali import (

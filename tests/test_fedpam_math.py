@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_methods_math import Federation
+from inprocess import Federation
 
 from mqttfl.algorithms.fedpam import FedPAMClient, adjusted_head, personalized_contrastive_loss
 from mqttfl.algorithms.weights import flatten_weights

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
-from test_methods_math import Federation
+from inprocess import Federation
 
 from mqttfl.algorithms.base import Context
 from mqttfl.algorithms.fedsap import (

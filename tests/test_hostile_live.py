@@ -30,7 +30,7 @@ from mqttfl.algorithms.base import ClientInfo, Context
 from mqttfl.algorithms.fedapa import FedAPAParams
 from mqttfl.config import load_config
 from mqttfl.errors import RejectedUpload, WireError
-from mqttfl.runtime import messages
+from mqttfl.wire.control import Offline, Online
 from mqttfl.runtime.coordinator import Coordinator
 from mqttfl.runtime.gate import UploadGate
 from mqttfl.runtime.transport import BrokerAddress, Incoming
@@ -290,7 +290,7 @@ def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Coordinator:
     coordinator = Coordinator(
         config, BrokerAddress.parse("mqtt://127.0.0.1:1"), tmp_path_factory.mktemp("c")
     )
-    coordinator._on_status("v", messages.status_online("run", INFO["v"]))
+    coordinator._handle(Incoming("mqttfl/run/status/v", Online(INFO["v"]).encode("run")))
     coordinator.gate.open_round(3, ["v"], keep=False)
     return coordinator
 
@@ -307,7 +307,7 @@ def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Coordinator:
 def test_coordinator_handler_survives_anything_on_its_topics(
     coordinator: Coordinator, topic: str, client: str, t: int, payload: bytes
 ) -> None:
-    incoming = Incoming(f"mqttfl/run/{topic.format(t=t, c=client)}", payload, False)
+    incoming = Incoming(f"mqttfl/run/{topic.format(t=t, c=client)}", payload)
     try:
         coordinator._handle(incoming)
     except WireError:
@@ -363,7 +363,7 @@ def test_any_announcement_then_an_upload_is_rejected_or_served(
     )
     for topic, payload in ((f"status/{client}", status), (f"round/1/up/{client}", upload)):
         try:
-            coordinator._handle(Incoming(f"mqttfl/run/{topic}", payload, False))
+            coordinator._handle(Incoming(f"mqttfl/run/{topic}", payload))
         except WireError:
             pass
 
@@ -383,7 +383,7 @@ def test_an_announced_sample_shape_cannot_make_the_coordinator_build_a_giant_mod
         {"v": 1, "type": "status", "run": "run", "round": 0, "sender": "m", "body": body}
     )
     with pytest.raises(WireError) as info:
-        weights_coordinator._handle(Incoming("mqttfl/run/status/m", status, False))
+        weights_coordinator._handle(Incoming("mqttfl/run/status/m", status))
     assert info.value.reason == "range" and "m" not in weights_coordinator.clients
 
 
@@ -393,7 +393,7 @@ def test_a_status_the_method_cannot_serve_is_rejected_not_fatal(tmp_path: Path) 
     bogus = ClientInfo("v", "no-such-model", (0,), 40, (24, 52))
     with pytest.raises(WireError):
         coordinator._handle(
-            Incoming("mqttfl/run/status/v", messages.status_online("run", bogus), True)
+            Incoming("mqttfl/run/status/v", Online(bogus).encode("run"))
         )
     assert "v" not in coordinator.clients
 
@@ -451,7 +451,7 @@ def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -
         try:
             for cid in ("h1", "h3"):  # h3 holds the round open until the 'after' shots are in
                 actor.publish(
-                    f"{base}/status/{cid}", messages.status_online(RUN_ID, info[cid]), retain=True
+                    f"{base}/status/{cid}", Online(info[cid]).encode(RUN_ID), retain=True
                 )
             fed.start_coordinator()
             fed.start_client("0")
@@ -459,7 +459,7 @@ def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -
             start = fed.wait_round_started(1, timeout=120)
             assert {"h1", "h3"} <= set(start["selected"])
             actor.publish(
-                f"{base}/status/h2", messages.status_online(RUN_ID, info["h2"]), retain=True
+                f"{base}/status/h2", Online(info["h2"]).encode(RUN_ID), retain=True
             )
             fed.wait_for(
                 lambda: fed.events(event="client.online")[-1]["client"] == "h2",
@@ -490,7 +490,7 @@ def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -
             for cid in ("h1", "h2", "h3"):
                 actor.publish(
                     f"{base}/status/{cid}",
-                    messages.status_offline(RUN_ID, cid, "exit"),
+                    Offline(cid, "exit").encode(RUN_ID),
                     retain=True,
                 )
             fed.wait_round_started(2, timeout=60)

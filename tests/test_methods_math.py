@@ -1,110 +1,26 @@
 """FedProto, WiFed, FedCaring and the shared prototype helpers on hand-computed cases,
-plus every method's round trip through its own schema and the wire (in process)."""
+plus every method's round trip through its own schema, the wire and the real round
+engine (in process, tests/inprocess.py)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from inprocess import Federation
 
 from mqttfl.algorithms import algorithm_names, get_algorithm
-from mqttfl.algorithms.base import ClientInfo, ClientSide, Context, ServerSide, Upload
+from mqttfl.algorithms.base import ClientInfo, Context, Upload
 from mqttfl.algorithms.fedcaring import FedCaringParams, FedCaringServer, caring_weights
 from mqttfl.algorithms.fedproto import FedProtoClient, FedProtoParams, FedProtoServer
 from mqttfl.algorithms.prototypes import global_bank, nearest_prototype, prototype_mse
 from mqttfl.algorithms.weights import flatten_weights
-from mqttfl.config import TrainConfig
-from mqttfl.data.shard import Shard
 from mqttfl.errors import RejectedUpload, WireError
-from mqttfl.models import build_model
 from mqttfl.runtime.gate import UploadGate
-from mqttfl.wire import Message, decode, encode
+from mqttfl.wire import Message, encode
 
-NUM_CLASSES = 4
 MY_METHODS = ("fedproto", "fedsap", "fedali", "fedpam", "wifed", "fedcaring")
-
-
-def toy_shard(index: int, *, n: int = 32, window: int = 8, subcarriers: int = 6) -> Shard:
-    """Separable toy CSI windows: the class shifts the mean level; client i lacks class i."""
-    rng = np.random.default_rng([index, 99])
-    classes = [c for c in range(NUM_CLASSES) if c != index % NUM_CLASSES]
-    y = rng.choice(classes, size=n + 8).astype(np.int64)
-    x = (rng.normal(size=(n + 8, window, subcarriers)) * 0.3 + y[:, None, None]).astype(np.float32)
-    return Shard(x[:n], y[:n], x[n:], y[n:], {"source": "toy"})
-
-
-class Federation:
-    """Clients and server of one method, with every body crossing the real codec."""
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        clients: int = 3,
-        arch: str | list[str] = "middle",
-        rounds: int = 2,
-        embed_dim: int = 8,
-        **params: Any,
-    ) -> None:
-        algorithm = get_algorithm(name)
-        self.ctx = Context(
-            num_classes=NUM_CLASSES,
-            embed_dim=embed_dim,
-            rounds=rounds,
-            seed=0,
-            params=algorithm.params(**params),
-        )
-        self.server: ServerSide = algorithm.server(self.ctx)
-        self.clients: list[ClientSide] = []
-        self.schemas = []
-        for i in range(clients):
-            shard = toy_shard(i)
-            kind = arch[i % len(arch)] if isinstance(arch, list) else arch
-            torch.manual_seed(0)
-            model = build_model(kind, num_classes=NUM_CLASSES, embed_dim=embed_dim)
-            info = ClientInfo(
-                str(i),
-                kind,
-                tuple(np.unique(shard.y_train).tolist()),
-                len(shard.y_train),
-                tuple(shard.x_train.shape[1:]),
-            )
-            self.clients.append(
-                algorithm.client(self.ctx, info, model, shard, TrainConfig(batch_size=8))
-            )
-            self.schemas.append(algorithm.upload_schema(self.ctx, info))
-        self.uploads: list[Upload] = []
-        self.accuracy: list[float] = []
-
-    def round(self, t: int) -> None:
-        params = decode(
-            encode(Message("start", "r", t, "coordinator", self.server.round_params(t)))
-        ).body
-        self.uploads = []
-        for client, schema in zip(self.clients, self.schemas, strict=True):
-            client.train(t, params, np.random.default_rng([t, int(client.info.client_id)]))
-            body = decode(
-                encode(Message("upload", "r", t, client.info.client_id, client.make_upload(t)))
-            ).body
-            schema.validate(body)
-            self.uploads.append(Upload(client.info.client_id, client.info, body))
-        down = self.server.aggregate(t, self.uploads)
-        broadcast = decode(encode(Message("downlink", "r", t, "coordinator", down.broadcast))).body
-        correct = []
-        for client in self.clients:
-            client.receive(t, broadcast, down.personal.get(client.info.client_id))
-            predicted = client.predict(client.shard.x_test)
-            assert predicted.shape == client.shard.y_test.shape
-            correct.append(float(np.mean(predicted == client.shard.y_test)))
-        self.accuracy.append(float(np.mean(correct)))
-
-    def run(self) -> Federation:
-        for t in range(1, self.ctx.rounds + 1):
-            self.round(t)
-        return self
 
 
 # --- the shared prototype bank (FedProto / FedSAP Eq. 2) -------------------------------

@@ -9,7 +9,7 @@ numpy and the wire's schema types, never the runtime.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,6 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
+from mqttfl.errors import WireError
 from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
 from mqttfl.wire.schemas import ClientInfo, PayloadSchema
 
@@ -74,12 +75,22 @@ class ServerSide(ABC):
         return None
 
 
+# Upload magnitude bounds, enforced by the schema at both ends. Weights of the shipped
+# models stay within ±10 after training and prototypes (mean embeddings) within ±100;
+# a value a hundred times beyond is divergence or forgery, and these bounds keep a sum of
+# squares over 10^5 uploads of 10^6 values far inside float32 (3.4e38).
+WEIGHT_BOUND = 1e4
+PROTOTYPE_BOUND = 1e4
+
+
 class ClientSide(ABC):
     """Client half of a method: local objective, upload, use of downlinks.
 
     The default :meth:`train` runs SGD over the shard with :meth:`loss`; methods with a
     different local procedure override it.
     """
+
+    value_bound: float = WEIGHT_BOUND  # the largest magnitude an upload may carry
 
     def __init__(
         self,
@@ -123,6 +134,13 @@ class ClientSide(ABC):
     def make_upload(self, t: int) -> dict[str, Any]:
         """The body to publish; it must validate against the method's upload schema."""
 
+    def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+        """Raise WireError unless what :meth:`receive` reads of a downlink has the shapes
+        this client needs (the wire already checked that every number is finite and
+        bounded). Called for the broadcast (``personal`` None) and for the personal body
+        (``broadcast`` empty) as each arrives, before anything is applied."""
+        return None
+
     def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
         """Take in round t's downlinks (kept for the next round's training)."""
         return None
@@ -154,4 +172,31 @@ class Algorithm:
     summary: str = ""
 
     def upload_schema(self, ctx: Context, info: ClientInfo) -> PayloadSchema:
-        return self.client.upload_schema(ctx, info)
+        schema = self.client.upload_schema(ctx, info)
+        return replace(schema, value_bound=self.client.value_bound)
+
+
+def expect_array(
+    body: dict[str, Any], key: str, shape: tuple[int | None, ...], *, kind: str = "f"
+) -> np.ndarray | None:
+    """``body[key]`` if present: an array of ``shape`` (None: any length) whose dtype kind
+    is in ``kind``; WireError otherwise. For :meth:`ClientSide.check_downlink`."""
+    if key not in body:
+        return None
+    value = body[key]
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in kind:
+        raise WireError("type", f"downlink field '{key}' must be an array of kind {kind!r}")
+    if value.ndim != len(shape) or any(
+        w is not None and w != g for w, g in zip(shape, value.shape, strict=True)
+    ):
+        raise WireError(
+            "shape", f"downlink field '{key}' has shape {value.shape}, expected {shape}"
+        )
+    return value
+
+
+def expect_map(body: dict[str, Any], key: str) -> dict[str, Any]:
+    value = body.get(key, {})
+    if not isinstance(value, dict):
+        raise WireError("type", f"downlink field '{key}' must be a map")
+    return value

@@ -29,7 +29,16 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from scipy.cluster.vq import kmeans2
 
-from mqttfl.algorithms.base import Algorithm, ClientInfo, Context, Downlinks, ServerSide, Upload
+from mqttfl.algorithms.base import (
+    Algorithm,
+    ClientInfo,
+    Context,
+    Downlinks,
+    ServerSide,
+    Upload,
+    expect_array,
+    expect_map,
+)
 from mqttfl.algorithms.fedavg import FedAvgClient
 from mqttfl.algorithms.weights import (
     average_by_group,
@@ -171,6 +180,12 @@ class FedAliClient(FedAvgClient):
         for index, layer in enumerate(self.layers):
             body[local_key(index)] = layer.local.numpy().copy()
         return body
+
+    def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+        super().check_downlink(broadcast, personal)
+        shared = expect_map(broadcast, "global")
+        for index, layer in enumerate(self.layers):
+            expect_array(shared, str(index), tuple(layer.shared.shape))
 
     def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
         weights = broadcast.get("weights", {}).get(group_key(self.info))

@@ -33,6 +33,7 @@ from mqttfl.algorithms.base import (
     Downlinks,
     ServerSide,
     Upload,
+    expect_array,
 )
 from mqttfl.training.loops import class_prototypes, embed_all
 from mqttfl.wire.schemas import ArrayField, PayloadSchema
@@ -225,6 +226,13 @@ class FedAPAClient(ClientSide):
         embeddings = embed_all(self.model, self.shard.x_train)
         classes, protos, counts = class_prototypes(embeddings, self.shard.y_train)
         return {"classes": classes, "prototypes": protos, "counts": counts}
+
+    def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+        c, d = self.ctx.num_classes, self.ctx.embed_dim
+        expect_array(broadcast, "available", (c,), kind="biu")
+        expect_array(broadcast, "prototypes", (None, c, d))
+        expect_array(broadcast, "global", (c, d))
+        expect_array(personal or {}, "q", (c, d))
 
     def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
         if "available" not in broadcast:

@@ -17,6 +17,8 @@ from mqttfl.algorithms.base import (
     Downlinks,
     ServerSide,
     Upload,
+    expect_array,
+    expect_map,
 )
 from mqttfl.algorithms.weights import (
     average_by_group,
@@ -50,6 +52,10 @@ class FedAvgClient(ClientSide):
 
     def make_upload(self, t: int) -> dict[str, Any]:
         return {"weights": flatten_weights(self.model), "num_samples": len(self.shard.y_train)}
+
+    def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+        groups = expect_map(broadcast, "weights")
+        expect_array(groups, group_key(self.info), (weights_length(self.ctx, self.info),))
 
     def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
         global_weights = broadcast.get("weights", {}).get(group_key(self.info))

@@ -16,8 +16,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mqttfl.algorithms.base import ClientInfo, ClientSide, Context, Downlinks, ServerSide, Upload
+from mqttfl.algorithms.base import (
+    ClientInfo,
+    ClientSide,
+    Context,
+    Downlinks,
+    ServerSide,
+    Upload,
+    expect_array,
+)
 from mqttfl.algorithms.fedapa import prototype_schema, stack_uploads
+from mqttfl.errors import WireError
 from mqttfl.training.loops import class_prototypes, embed_all
 from mqttfl.training.metrics import classification_report
 from mqttfl.wire.schemas import PayloadSchema
@@ -102,6 +111,12 @@ class PrototypeClient(ClientSide):
         x, y = self.labelled()
         classes, protos, counts = class_prototypes(embed_all(self.model, x), y)
         return {"classes": classes, "prototypes": protos, "counts": counts}
+
+    def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+        bank = expect_array(broadcast, "prototypes", (self.ctx.num_classes, self.ctx.embed_dim))
+        available = expect_array(broadcast, "available", (self.ctx.num_classes,), kind="biu")
+        if (bank is None) != (available is None):
+            raise WireError("missing_field", "a bank comes with its 'available' mask")
 
     def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
         if "prototypes" in broadcast:

@@ -1,18 +1,23 @@
 """The client runner: one OS process per device.
 
 It announces itself (retained ``online`` status with its model, classes and sample
-count; a last will of ``offline``), trains when selected (off the event loop, so the
-MQTT keep-alive goes on during long epochs), uploads only what its method permits,
-takes in each round's downlinks, evaluates its personalized model on its local test
-split and publishes the metrics. Its state lives on disk, so a restarted client resumes.
+count; a last will of ``offline``), acknowledges a round's start at once when selected,
+trains (off the event loop, so the MQTT keep-alive goes on during long epochs), uploads
+only what its method permits, takes in each round's downlinks, evaluates its
+personalized model on its local test split and publishes the metrics. Its state lives
+on disk, so a restarted client resumes.
+
+Every message is decoded and validated before it is acted on (:mod:`mqttfl.wire.control`
+and the method's own downlink check); a bad one is logged and dropped, and the client
+goes on waiting for the real one. Deadlines are relative (``timeout_s``) and measured on
+the local monotonic clock, so a device with a wrong wall clock still trains.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
-import os
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,22 +27,38 @@ import structlog
 import torch
 
 from mqttfl.algorithms import get_algorithm, make_context
-from mqttfl.algorithms.base import ClientInfo
 from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.errors import WireError
 from mqttfl.logs import get_logger
 from mqttfl.models import build_model
-from mqttfl.runtime import messages
+from mqttfl.runtime.client_state import StateFile
 from mqttfl.runtime.transport import BrokerAddress, Bus, Credentials, Incoming
 from mqttfl.training.metrics import classification_report
-from mqttfl.wire import Message, Topics, check_id, decode, encode
+from mqttfl.wire import Message, Topics, check_id, encode
+from mqttfl.wire.control import (
+    Ack,
+    Downlink,
+    Metrics,
+    Offline,
+    Online,
+    RoundStart,
+    RunStatus,
+    read_downlink,
+    read_run_status,
+    read_start,
+    read_status,
+)
+from mqttfl.wire.schemas import ClientInfo
+from mqttfl.wire.topics import BROADCAST, client_index
+
+HEAL_INTERVAL_S = 1.0  # at most one re-announcement per second after a forged 'offline'
 
 
 @dataclass
 class PendingDownlink:
-    broadcast: dict[str, Any] | None = None
-    personal: dict[str, Any] | None = None
+    broadcast: Downlink | None = None
+    personal: Downlink | None = None
     size: int = 0
 
 
@@ -46,6 +67,24 @@ class Progress:
     trained_round: int = 0
     applied_round: int = 0
     bytes_up: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SentUpload:
+    round: int
+    announcement: int  # of the start it answered
+    payload: bytes
+    sent: float  # monotonic
+
+
+@dataclass(frozen=True)
+class Received:
+    """A validated message and when it arrived (monotonic)."""
+
+    message: RoundStart | RunStatus | Downlink
+    topic_client: str | None
+    size: int
+    received: float
 
 
 class ClientRunner:
@@ -66,7 +105,7 @@ class ClientRunner:
         torch.set_num_threads(config.train.torch_threads)
         algorithm = get_algorithm(config.method)
         self.ctx = make_context(config)
-        arch = config.model.arch_for(int(client_id) if client_id.isdigit() else 0)
+        arch = config.model.arch_for(client_index(client_id))
         torch.manual_seed(config.seed)  # identical initial weights per architecture
         sample_shape = tuple(int(n) for n in shard.x_train.shape[1:])
         self.model = build_model(
@@ -84,15 +123,27 @@ class ClientRunner:
         )
         self.method = algorithm.client(self.ctx, self.info, self.model, shard, config.train)
         self.schema = algorithm.upload_schema(self.ctx, self.info)
-        self.state_path = state_dir / f"client-{client_id}.pt"
         self.progress = Progress()
+        self.state_file = StateFile(state_dir / f"client-{client_id}.pt")
         self.pending: dict[int, PendingDownlink] = {}
-        # (round, deadline of the announcement it answered, payload, monotonic time sent)
-        self.last_upload: tuple[int, float, bytes, float] | None = None
+        self.announced_round = 0  # the newest round a valid start or run status named
+        self.training_round = 0
+        self.last_upload: SentUpload | None = None
+        self.last_loss = 0.0
+        self.finish_seen = False
         self.finished = asyncio.Event()
-        self._writing: asyncio.Task[None] | None = None  # the state file being written
+        self.work: asyncio.Queue[Received] = asyncio.Queue()
+        self._acked: set[tuple[int, int]] = set()
+        self._healed = -HEAL_INTERVAL_S
         self.log = get_logger(run_id=config.run_id, client_id=client_id)
-        self._load_state()
+        resumed = self.state_file.load(self.model, self.method, self.progress)
+        if resumed:
+            self.log.info(
+                "client.resumed",
+                trained_round=self.progress.trained_round,
+                applied_round=self.progress.applied_round,
+            )
+        online = Online(self.info).encode(config.run_id)
         self.bus = Bus(
             broker,
             identifier=f"mqttfl-{config.run_id}-client-{client_id}",
@@ -101,136 +152,202 @@ class ClientRunner:
                 self.topics.any_down_all,
                 self.topics.any_down_for(client_id),
                 self.topics.state,
+                self.topics.status(client_id),  # to answer a forged 'offline' about us
             ],
             will=(
                 self.topics.status(client_id),
-                messages.status_offline(config.run_id, client_id, "connection lost"),
+                Offline(client_id, "connection lost").encode(config.run_id),
             ),
-            birth=lambda: [
-                (
-                    self.topics.status(client_id),
-                    messages.status_online(config.run_id, self.info),
-                    True,
-                )
-            ],
+            birth=lambda: [(self.topics.status(client_id), online, True)],
             credentials=credentials,
             keepalive_s=config.broker.keepalive_s,
+            connect_timeout_s=config.broker.connect_timeout_s,
         )
 
-    # --- persistence ----------------------------------------------------------------
-    def _load_state(self) -> None:
-        if not self.state_path.exists():
-            return
-        state = torch.load(self.state_path, weights_only=True)
-        self.model.load_state_dict(state["model"])
-        self.method.optimizer.load_state_dict(state["optimizer"])
-        self.method.load_state_dict({k: v.numpy() for k, v in state["method"].items()})
-        self.progress.trained_round = int(state["trained_round"])
-        self.progress.applied_round = int(state["applied_round"])
-        self.log.info(
-            "client.resumed",
-            trained_round=self.progress.trained_round,
-            applied_round=self.progress.applied_round,
-        )
-
-    def _state_snapshot(self) -> dict[str, Any]:
-        """A copy of everything a restart needs, taken between training steps."""
-        return {
-            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-            "optimizer": copy.deepcopy(self.method.optimizer.state_dict()),
-            "method": {
-                k: torch.from_numpy(np.array(v, copy=True))
-                for k, v in self.method.state_dict().items()
-            },
-            "trained_round": self.progress.trained_round,
-            "applied_round": self.progress.applied_round,
-        }
-
-    def _write_state(self, snapshot: dict[str, Any]) -> None:
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
-        torch.save(snapshot, tmp)
-        os.replace(tmp, self.state_path)
-
-    async def _save_state(self) -> None:
-        """Snapshot now, write in the background: serializing the model is not on the
-        round's critical path. Writes stay in order (each waits for the one before)."""
-        snapshot = self._state_snapshot()
-        await self._state_written()
-        self._writing = asyncio.create_task(asyncio.to_thread(self._write_state, snapshot))
-
-    async def _state_written(self) -> None:
-        if self._writing is not None:
-            await self._writing
-            self._writing = None
-
-    # --- message handling -----------------------------------------------------------
-    async def _handle(self, incoming: Incoming) -> None:
-        if not incoming.payload:
-            return  # a cleared retained message
+    # --- reading: decode, validate, acknowledge -----------------------------------------------
+    def _read(self, incoming: Incoming) -> Received | None:
+        """Validate one message; raise WireError for anything hostile."""
         where = self.topics.parse(incoming.topic)
-        if where.kind in ("start", "state"):
-            message = messages.read_control(incoming.payload, where.kind)
-            if where.kind == "state" and message.body["status"] == "finished":
-                self.log.info("run.finished", round=message.round)
-                self.finished.set()
-                return
-            if "selected" in message.body and self.client_id in message.body["selected"]:
-                if where.kind == "start" and self._should_resend(message, incoming.received):
-                    await self._resend(message)
-                await self._train_round(message)
-        elif where.kind == "down" and where.round is not None:
-            message = decode(incoming.payload)
-            if message.type != "downlink" or where.round <= self.progress.applied_round:
-                return
-            pending = self.pending.setdefault(where.round, PendingDownlink())
-            pending.size += len(incoming.payload)
-            if where.client == "all":
-                pending.broadcast = message.body
-            else:
-                pending.personal = message.body
-            await self._apply_ready()
+        run, size = self.config.run_id, len(incoming.payload)
+        message: RoundStart | RunStatus | Downlink
+        if where.kind == "status":
+            if where.client == self.client_id and incoming.payload:
+                status = read_status(incoming.payload, run_id=run, client=self.client_id)
+                if isinstance(status, Offline):
+                    self._heal(status)
+            return None
+        if where.kind == "start" and where.round is not None:
+            message = read_start(incoming.payload, run_id=run, round=where.round)
+        elif where.kind == "state":
+            message = read_run_status(incoming.payload, run_id=run)
+        elif where.kind == "down" and where.round is not None and where.client is not None:
+            if where.client not in (BROADCAST, self.client_id):
+                raise WireError(
+                    "topic", f"a downlink for {where.client!r} reached {self.client_id!r}"
+                )
+            message = read_downlink(
+                incoming.payload, run_id=run, round=where.round, client=where.client
+            )
+        else:
+            raise WireError("topic", f"a client does not take {where.kind} messages")
+        if message.round > self.config.rounds:
+            raise WireError(
+                "range", f"round {message.round} is beyond the run's {self.config.rounds}"
+            )
+        if (
+            isinstance(message, RunStatus)
+            and message.phase == "finished"
+            and message.round < self.config.rounds
+        ):
+            raise WireError(
+                "range", f"'finished' after round {message.round} of {self.config.rounds}"
+            )
+        if isinstance(message, Downlink):
+            self._check_downlink(message, personal=where.client != BROADCAST)
+        return Received(message, where.client, size, incoming.received)
 
-    def _should_resend(self, start: Message, received: float) -> bool:
+    def _check_downlink(self, downlink: Downlink, *, personal: bool) -> None:
+        try:
+            if personal:
+                self.method.check_downlink({}, dict(downlink.body))
+            else:
+                self.method.check_downlink(dict(downlink.body), None)
+        except WireError:
+            raise
+        except Exception as exc:  # the method's check failed on the input: the input is bad
+            raise WireError("downlink", f"{type(exc).__name__}: {exc}"[:300]) from None
+
+    def _heal(self, forged: Offline) -> None:
+        """Someone says we are offline (a retained copy of our own old will, or a forgery):
+        we are not, so say so again."""
+        now = time.monotonic()
+        if self.finished.is_set() or now - self._healed < HEAL_INTERVAL_S:
+            return
+        self._healed = now
+        self.log.warning("status.corrected", reason=forged.reason)
+        online = Online(self.info).encode(self.config.run_id)
+        self._spawn(
+            self.bus.publish(self.topics.status(self.client_id), online, retain=True, timeout=30)
+        )
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Future[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.log.warning("publish.failed", error=str(task.exception()))
+
+    def _acknowledge(self, start: RoundStart) -> None:
+        """Tell the coordinator at once that we are alive and will train (before any
+        queued evaluation or training delays us)."""
+        key = (start.round, start.announcement)
+        if self.client_id not in start.selected or key in self._acked:
+            return
+        self._acked.add(key)
+        ack = Ack(start.round, self.client_id, start.announcement).encode(self.config.run_id)
+        self._spawn(self.bus.publish(self.topics.ack(start.round, self.client_id), ack, timeout=30))
+
+    async def _reader(self) -> None:
+        while True:
+            incoming = await self.bus.incoming.get()
+            if not incoming.payload:
+                continue  # a cleared retained message
+            try:
+                received = self._read(incoming)
+            except WireError as exc:
+                self.log.warning(
+                    "message.rejected",
+                    topic=incoming.topic[:200],
+                    reason=exc.reason,
+                    detail=exc.detail,
+                )
+                continue
+            if received is None:
+                continue
+            message = received.message
+            if isinstance(message, RunStatus) and message.start is not None:
+                message = message.start
+            if isinstance(message, RoundStart | RunStatus):
+                self.announced_round = max(self.announced_round, message.round)
+            if isinstance(message, RoundStart):
+                self._acknowledge(message)
+            self.work.put_nowait(received)
+
+    # --- acting --------------------------------------------------------------------------
+    async def _worker(self) -> None:
+        while True:
+            received = await self.work.get()
+            try:
+                await self._act(received)
+            except Exception as exc:  # one message never ends the client
+                self.log.warning(
+                    "message.failed",
+                    kind=type(received.message).__name__,
+                    round=received.message.round,
+                    error=f"{type(exc).__name__}: {exc}"[:300],
+                )
+
+    async def _act(self, received: Received) -> None:
+        message = received.message
+        if isinstance(message, RunStatus):
+            if message.start is not None:
+                await self._on_start(message.start, received.received)
+            elif message.phase == "finished":
+                self.finish_seen = True
+                self.log.info("run.finishing", round=message.round)
+                await self._apply_ready()
+                self._maybe_finish()
+        elif isinstance(message, RoundStart):
+            await self._on_start(message, received.received)
+        else:
+            await self._on_downlink(message, received)
+
+    async def _on_start(self, start: RoundStart, received: float) -> None:
+        if self.client_id not in start.selected:
+            return
+        if self._should_resend(start, received):
+            await self._resend(start, received)
+        await self._train_round(start, received)
+
+    def _should_resend(self, start: RoundStart, received: float) -> bool:
         """Round t announced anew (a restarted coordinator, a retry) without our upload,
         which we had sent before this start arrived (so the two did not cross on the wire)."""
-        t = start.round
-        held = start.body.get("uploaded", [self.client_id])  # older coordinators do not say
-        if t != self.progress.trained_round or self.client_id in held:
+        if start.round != self.progress.trained_round or self.client_id in start.uploaded:
             return False
         last = self.last_upload
-        if last is None or last[0] != t:
+        if last is None or last.round != start.round:
             return True  # sent in an earlier life of this process
-        return last[1] != float(start.body["deadline"]) and last[3] < received
+        return last.announcement != start.announcement and last.sent < received
 
-    async def _train_round(self, start: Message) -> None:
+    async def _train_round(self, start: RoundStart, received: float) -> None:
         t = start.round
-        if t <= self.progress.trained_round:
+        if t <= self.progress.trained_round or t == self.training_round:
             return
         log = self.log.bind(round=t)
-        if time.time() > float(start.body["deadline"]):
+        if time.monotonic() > received + start.timeout_s:
             log.warning("round.skipped", reason="deadline already passed")
             return
         began = time.monotonic()
-        log.info("training.started", selected=len(start.body["selected"]))
-        rng = np.random.default_rng(
-            [
-                self.config.seed,
-                self.info.num_samples,
-                t,
-                int(self.client_id) if self.client_id.isdigit() else 0,
-            ]
-        )
-        loss = await asyncio.to_thread(self.method.train, t, dict(start.body["params"]), rng)
-        body = await asyncio.to_thread(self.method.make_upload, t)
+        self.training_round = t
+        try:
+            log.info("training.started", selected=len(start.selected))
+            rng = np.random.default_rng(
+                [self.config.seed, self.info.num_samples, t, client_index(self.client_id)]
+            )
+            params = dict(start.params)
+            loss = await asyncio.to_thread(self.method.train, t, params, rng)
+            body = await asyncio.to_thread(self.method.make_upload, t)
+        finally:
+            self.training_round = 0
         self.schema.validate(body)  # refuse to publish anything the method does not permit
         payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
         await self.bus.publish(self.topics.up(t, self.client_id), payload)
-        self.last_upload = (t, float(start.body["deadline"]), payload, time.monotonic())
+        self.last_upload = SentUpload(t, start.announcement, payload, time.monotonic())
         self.progress.trained_round = t
         self.progress.bytes_up[t] = len(payload)
-        self.last_loss = loss
-        await self._save_state()
+        self.last_loss = float(loss)
+        await self.state_file.save(self.model, self.method, self.progress)
         log.info(
             "upload.sent",
             bytes=len(payload),
@@ -238,72 +355,80 @@ class ClientRunner:
             seconds=round(time.monotonic() - began, 3),
         )
 
-    async def _resend(self, start: Message) -> None:
+    async def _resend(self, start: RoundStart, received: float) -> None:
         """Round t was announced again without our upload (the coordinator restarted, or
         the upload was lost while the broker restarted): send the same upload again."""
         t = start.round
-        if time.time() > float(start.body["deadline"]):
+        if time.monotonic() > received + start.timeout_s:
             return
-        payload = self.last_upload[2] if self.last_upload and self.last_upload[0] == t else None
+        last = self.last_upload
+        payload = last.payload if last is not None and last.round == t else None
         if payload is None:  # restarted since: the model on disk is the one trained for t
             body = await asyncio.to_thread(self.method.make_upload, t)
             self.schema.validate(body)
             payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
         await self.bus.publish(self.topics.up(t, self.client_id), payload)
-        self.last_upload = (t, float(start.body["deadline"]), payload, time.monotonic())
-        self.log.info(
-            "upload.resent", round=t, bytes=len(payload), attempt=start.body.get("attempt")
-        )
+        self.last_upload = SentUpload(t, start.announcement, payload, time.monotonic())
+        self.log.info("upload.resent", round=t, bytes=len(payload), attempt=start.attempt)
+
+    async def _on_downlink(self, downlink: Downlink, received: Received) -> None:
+        t = downlink.round
+        if t <= self.progress.applied_round:
+            return
+        pending = self.pending.setdefault(t, PendingDownlink())
+        pending.size += received.size
+        if received.topic_client == BROADCAST:
+            pending.broadcast = downlink
+        else:
+            pending.personal = downlink
+        await self._apply_ready()
 
     async def _apply_ready(self) -> None:
         for t in sorted(self.pending):
             pending = self.pending[t]
-            if pending.broadcast is None:
-                continue
-            wants_personal = self.client_id in pending.broadcast.get("_personal", [])
+            if pending.broadcast is None or t > self.announced_round:
+                continue  # a downlink for a round nobody announced is held, never applied
+            personal_for = pending.broadcast.personal_for or ()
+            wants_personal = self.client_id in personal_for
             newer = any(u > t and p.broadcast is not None for u, p in self.pending.items())
-            if wants_personal and pending.personal is None and not newer:
+            last = self.finish_seen and t == self.config.rounds
+            if wants_personal and pending.personal is None and not (newer or last):
                 return  # wait for the personalized downlink
             if wants_personal and pending.personal is None:
                 self.log.warning("downlink.personal_missing", round=t)
             del self.pending[t]
             await self._apply(t, pending)
+        self._maybe_finish()
 
     async def _apply(self, t: int, pending: PendingDownlink) -> None:
-        broadcast = {k: v for k, v in (pending.broadcast or {}).items() if k != "_personal"}
-        self.method.receive(t, broadcast, pending.personal)
+        assert pending.broadcast is not None
+        personal = dict(pending.personal.body) if pending.personal is not None else None
+        self.method.receive(t, dict(pending.broadcast.body), personal)
         predicted = await asyncio.to_thread(self.method.predict, self.shard.x_test)
         report = classification_report(self.shard.y_test, predicted)
         extra = await asyncio.to_thread(
             self.method.extra_metrics, self.shard.x_test, self.shard.y_test
         )
         self.progress.applied_round = t
-        await self._save_state()
-        body = {
+        await self.state_file.save(self.model, self.method, self.progress)
+        values = {
             **extra,
             **report,
             "num_test": int(len(self.shard.y_test)),
             "bytes_up": self.progress.bytes_up.pop(t, 0),
             "bytes_down": pending.size,
             "selected": t == self.progress.trained_round,
-            "train_loss": float(getattr(self, "last_loss", 0.0)),
+            "train_loss": self.last_loss,
         }
-        await self.bus.publish(
-            self.topics.metrics(t, self.client_id),
-            encode(Message("metrics", self.config.run_id, t, self.client_id, body)),
-        )
+        metrics = Metrics(t, self.client_id, values).encode(self.config.run_id)
+        await self.bus.publish(self.topics.metrics(t, self.client_id), metrics)
         self.log.info("round.evaluated", round=t, **{k: round(v, 4) for k, v in report.items()})
 
-    async def _work(self) -> None:
-        while True:
-            incoming = await self.bus.incoming.get()
-            try:
-                await self._handle(incoming)
-            except WireError as exc:
-                self.log.warning(
-                    "message.rejected", topic=incoming.topic, reason=exc.reason, detail=exc.detail
-                )
+    def _maybe_finish(self) -> None:
+        if self.finish_seen and self.progress.applied_round >= self.config.rounds:
+            self.finished.set()
 
+    # --- whole life ----------------------------------------------------------------------
     async def run(self) -> int:
         structlog.contextvars.bind_contextvars(run_id=self.config.run_id, client_id=self.client_id)
         self.log.info(
@@ -312,18 +437,26 @@ class ClientRunner:
             classes=list(self.info.classes),
             samples=self.info.num_samples,
         )
+        offline = Offline(self.client_id, "exit").encode(self.config.run_id)
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(self.bus.run()), group.create_task(self._work())]
-            await self.finished.wait()
-            await self._state_written()
+            tasks = [
+                group.create_task(self.bus.run()),
+                group.create_task(self._reader()),
+                group.create_task(self._worker()),
+            ]
             try:
-                await self.bus.publish(
-                    self.topics.status(self.client_id),
-                    messages.status_offline(self.config.run_id, self.client_id, "exit"),
-                    retain=True,
-                    timeout=5,
-                )
+                await self.bus.wait_connected(timeout=self.config.broker.connect_timeout_s)
+                await self.finished.wait()
+                await self.state_file.written()
+                self.log.info("run.finished")
             finally:
-                for task in tasks:
-                    task.cancel()
+                # Stopping for any reason: say so first, so the coordinator knows at once.
+                try:
+                    if self.bus.connected.is_set():
+                        await self.bus.publish(
+                            self.topics.status(self.client_id), offline, retain=True, timeout=5
+                        )
+                finally:
+                    for task in tasks:
+                        task.cancel()
         return 0

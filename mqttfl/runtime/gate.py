@@ -21,12 +21,12 @@ class UploadGate:
     ctx: Context
     run_id: str
     max_bytes: int
+    rejections: Counter[str] = field(default_factory=Counter)  # shared with the run state
     round: int = 0
     open: bool = False
     selected: frozenset[str] = frozenset()
     accepted: dict[str, Upload] = field(default_factory=dict)
     accepted_bytes: dict[str, int] = field(default_factory=dict)
-    rejections: Counter[str] = field(default_factory=Counter)
     _schemas: dict[tuple[str, str, tuple[int, ...]], PayloadSchema] = field(default_factory=dict)
 
     def open_round(self, t: int, selected: list[str], *, keep: bool) -> None:
@@ -52,9 +52,9 @@ class UploadGate:
         if key not in self._schemas:
             try:
                 self._schemas[key] = self.algorithm.upload_schema(self.ctx, info)
-            except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+            except Exception as exc:  # the method's own error about this announcement
                 detail = f"no upload schema for {info.arch!r} {info.sample_shape}: {exc}"
-                raise WireError("client_info", detail) from None
+                raise WireError("client_info", detail[:300]) from None
         return self._schemas[key]
 
     def check(self, t: int, topic_client: str, raw: bytes, info: ClientInfo | None) -> Upload:

@@ -53,7 +53,7 @@ class Journal:
     def load_checkpoint(self) -> dict[str, Any] | None:
         if not self.checkpoint_path.exists():
             return None
-        return unpack_data(self.checkpoint_path.read_bytes())  # type: ignore[no-any-return]
+        return unpack_data(self.checkpoint_path.read_bytes())
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         with open(self.metrics_path, "a", encoding="utf-8") as handle:

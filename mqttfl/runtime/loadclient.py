@@ -27,9 +27,18 @@ import numpy as np
 from mqttfl.config import RunConfig, load_config
 from mqttfl.errors import MqttflError, WireError
 from mqttfl.logs import configure_logging, get_logger
-from mqttfl.runtime.messages import status_offline, status_online
 from mqttfl.runtime.transport import BrokerAddress, Bus, Credentials
-from mqttfl.wire import Message, Topics, decode, encode
+from mqttfl.wire import Message, Topics, encode
+from mqttfl.wire.control import (
+    Ack,
+    Metrics,
+    Offline,
+    Online,
+    RoundStart,
+    read_downlink,
+    read_run_status,
+    read_start,
+)
 from mqttfl.wire.schemas import ClientInfo
 
 BARRIER_S = 2.0  # how long the first selected device waits for the others before all upload
@@ -89,21 +98,23 @@ class LoadFleet:
             broker,
             identifier=f"mqttfl-{run}-load-{cid}",
             subscriptions=[self.topics.any_start, self.topics.any_down_all, self.topics.state],
-            will=(self.topics.status(cid), status_offline(run, cid, "connection lost")),
-            birth=lambda: [(self.topics.status(cid), status_online(run, info), True)],
+            will=(self.topics.status(cid), Offline(cid, "connection lost").encode(run)),
+            birth=lambda: [(self.topics.status(cid), Online(info).encode(run), True)],
             credentials=credentials,
             keepalive_s=self.config.broker.keepalive_s,
         )
         return Device(cid, bus, classes)
 
-    async def _on_start(self, device: Device, message: Message) -> None:
-        t = message.round
-        if t in device.uploaded or device.client_id not in message.body.get("selected", []):
+    async def _on_start(self, device: Device, start: RoundStart, received: float) -> None:
+        t = start.round
+        if t in device.uploaded or device.client_id not in start.selected:
             return
-        if time.time() > float(message.body["deadline"]):
+        if time.monotonic() > received + start.timeout_s:
             return
         device.uploaded.add(t)
-        selected = set(message.body["selected"]) & set(self.devices)
+        ack = Ack(t, device.client_id, start.announcement).encode(self.config.run_id)
+        await device.bus.publish(self.topics.ack(t, device.client_id), ack)
+        selected = set(start.selected) & set(self.devices)
         waiting = self.ready.setdefault(t, set())
         waiting.add(device.client_id)
         release = self.release.setdefault(t, asyncio.Event())
@@ -136,28 +147,36 @@ class LoadFleet:
             "selected": t in device.uploaded,
             "load_client": True,
         }
-        await device.bus.publish(
-            self.topics.metrics(t, device.client_id),
-            encode(Message("metrics", self.config.run_id, t, device.client_id, body)),
-        )
+        metrics = Metrics(t, device.client_id, body).encode(self.config.run_id)
+        await device.bus.publish(self.topics.metrics(t, device.client_id), metrics)
 
     async def _work(self, device: Device) -> None:
         while True:
             incoming = await device.bus.incoming.get()
             if not incoming.payload:
                 continue
+            run = self.config.run_id
             try:
                 where = self.topics.parse(incoming.topic)
-                message = decode(incoming.payload)
+                start = None
+                if where.kind == "state":
+                    status = read_run_status(incoming.payload, run_id=run)
+                    if status.phase == "finished":
+                        self.finished.set()
+                    start = status.start
+                elif where.kind == "start" and where.round is not None:
+                    start = read_start(incoming.payload, run_id=run, round=where.round)
+                elif where.kind == "down" and where.round is not None and where.client:
+                    read_downlink(
+                        incoming.payload, run_id=run, round=where.round, client=where.client
+                    )
+                    await self._on_broadcast(device, where.round)
             except WireError as exc:
                 self.log.warning("message.rejected", topic=incoming.topic, reason=exc.reason)
                 continue
-            if where.kind == "state" and message.body.get("status") == "finished":
-                self.finished.set()
-            elif where.kind in ("start", "state") and "selected" in message.body:
-                asyncio.get_running_loop().create_task(self._on_start(device, message))
-            elif where.kind == "down" and where.round is not None:
-                await self._on_broadcast(device, where.round)
+            if start is not None:
+                task = self._on_start(device, start, incoming.received)
+                asyncio.get_running_loop().create_task(task)
 
     async def run(self) -> int:
         async with asyncio.TaskGroup() as group:
@@ -168,7 +187,7 @@ class LoadFleet:
             for device in self.devices.values():
                 await device.bus.publish(
                     self.topics.status(device.client_id),
-                    status_offline(self.config.run_id, device.client_id, "exit"),
+                    Offline(device.client_id, "exit").encode(self.config.run_id),
                     retain=True,
                     timeout=5,
                 )

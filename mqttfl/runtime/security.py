@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mqttfl.errors import BrokerError, MqttflError
-from mqttfl.runtime.messages import COORDINATOR
 from mqttfl.wire import BROADCAST, check_id
+from mqttfl.wire.control import COORDINATOR
 
 # As broker/mosquitto.conf: the coordinator's broadcast to 1000 clients is ~21 MB.
 DEFAULT_MAX_PACKET = 64 * 1024 * 1024
@@ -97,7 +97,8 @@ def acl_text(clients: list[str], run_id: str | None) -> str:
     for client in clients:
         lines += [
             f"user {client}",
-            f"topic write {base}/status/{client}",
+            f"topic readwrite {base}/status/{client}",
+            f"topic write {base}/round/+/ack/{client}",
             f"topic write {base}/round/+/up/{client}",
             f"topic write {base}/round/+/metrics/{client}",
             f"topic read {base}/state",

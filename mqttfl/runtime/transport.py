@@ -22,13 +22,14 @@ from mqttfl.errors import BrokerError
 from mqttfl.logs import get_logger
 
 Birth = Callable[[], list[tuple[str, bytes, bool]]]
+ConnectionListener = Callable[[bool], None]
 
 
 def _no_delay(client: aiomqtt.Client) -> None:
     """Turn Nagle's algorithm off (paho leaves it on): otherwise the tail of a message
     written right after another waits for the broker's delayed ACK, 40 ms on Linux."""
     sock = client._client.socket()  # aiomqtt has no public handle on its socket
-    if sock is not None:
+    if isinstance(sock, socket.socket):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
@@ -40,12 +41,18 @@ class BrokerAddress:
 
     @classmethod
     def parse(cls, url: str) -> BrokerAddress:
-        """``mqtt://host:1883`` or ``mqtts://host:8883``."""
-        parsed = urlparse(url if "://" in url else f"mqtt://{url}")
+        """``mqtt://host:1883`` or ``mqtts://host:8883``; BrokerError names a bad URL."""
+        try:
+            parsed = urlparse(url if "://" in url else f"mqtt://{url}")
+            port = parsed.port
+        except ValueError as exc:  # a bad IPv6 literal, a port outside 0-65535
+            raise BrokerError(f"broker URL {url!r} is malformed: {exc}") from None
         if parsed.scheme not in ("mqtt", "mqtts") or not parsed.hostname:
             raise BrokerError(f"broker URL must look like mqtt://host:port, got {url!r}")
+        if port == 0:
+            raise BrokerError(f"broker URL {url!r}: the port must be 1-65535")
         tls = parsed.scheme == "mqtts"
-        return cls(parsed.hostname, parsed.port or (8883 if tls else 1883), tls)
+        return cls(parsed.hostname, port or (8883 if tls else 1883), tls)
 
     def __str__(self) -> str:
         return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
@@ -64,7 +71,6 @@ class Credentials:
 class Incoming:
     topic: str
     payload: bytes
-    retain: bool
     received: float = field(default_factory=time.monotonic)
 
 
@@ -85,6 +91,8 @@ class Bus:
         min_backoff_s: float = 0.2,
         max_backoff_s: float = MAX_BACKOFF_S,
         persistent_session: bool = False,
+        connect_timeout_s: float = 10.0,
+        on_connection: ConnectionListener | None = None,
     ) -> None:
         self.address = address
         # A persistent session makes the broker keep our subscriptions and queue QoS 1
@@ -99,6 +107,8 @@ class Bus:
         self.keepalive_s = keepalive_s
         self.min_backoff_s = min_backoff_s
         self.max_backoff_s = max_backoff_s
+        self.connect_timeout_s = connect_timeout_s
+        self.on_connection = on_connection  # told True on every connect, False on every loss
         self.incoming: asyncio.Queue[Incoming] = asyncio.Queue()
         self.connected = asyncio.Event()
         self.connections = 0
@@ -127,7 +137,7 @@ class Bus:
             will=will,
             clean_session=not self.persistent_session,
             keepalive=self.keepalive_s,
-            timeout=30,
+            timeout=self.connect_timeout_s,
             tls_context=self._tls_context(),
             max_inflight_messages=100,
         )
@@ -151,20 +161,22 @@ class Bus:
                     self.connections += 1
                     self.connected.set()
                     self._log.info("broker.connected", connections=self.connections)
+                    if self.on_connection is not None:
+                        self.on_connection(True)
                     delay = self.min_backoff_s
                     async for message in client.messages:
                         payload = message.payload
                         if not isinstance(payload, bytes | bytearray):
                             payload = b"" if payload is None else str(payload).encode()
-                        await self.incoming.put(
-                            Incoming(message.topic.value, bytes(payload), message.retain)
-                        )
+                        await self.incoming.put(Incoming(message.topic.value, bytes(payload)))
             except aiomqtt.MqttError as exc:
                 was_connected = self.connected.is_set()
                 self.connected.clear()
                 self._client = None
                 self._lost.set()  # publishes awaiting a PUBACK on it go again on the next one
                 event = "broker.disconnected" if was_connected else "broker.unreachable"
+                if was_connected and self.on_connection is not None:
+                    self.on_connection(False)
                 self._log.warning(event, error=str(exc), retry_in_s=round(delay, 2))
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, self.max_backoff_s)

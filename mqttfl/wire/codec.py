@@ -19,7 +19,7 @@ from mqttfl.errors import WireError
 
 SCHEMA_VERSION = 1
 ARRAY_EXT = 1
-MESSAGE_TYPES = frozenset({"status", "start", "upload", "downlink", "metrics", "state"})
+MESSAGE_TYPES = frozenset({"status", "start", "ack", "upload", "downlink", "metrics", "state"})
 # Only plain numeric dtypes cross the wire; object arrays could smuggle anything.
 ALLOWED_DTYPES = frozenset({"<f2", "<f4", "<f8", "|i1", "|u1", "<i2", "<i4", "<i8", "|b1"})
 MAX_NDIM = 8
@@ -36,10 +36,12 @@ class Message:
     version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        if self.type not in MESSAGE_TYPES:
-            raise WireError("type", f"unknown message type {self.type!r}")
-        if self.version != SCHEMA_VERSION:
-            raise WireError("version", f"schema version {self.version!r} is not {SCHEMA_VERSION}")
+        if not isinstance(self.type, str) or self.type not in MESSAGE_TYPES:
+            raise WireError("type", f"unknown message type {str(self.type)[:40]!r}")
+        if isinstance(self.version, bool) or self.version != SCHEMA_VERSION:
+            raise WireError(
+                "version", f"schema version {str(self.version)[:20]!r} is not {SCHEMA_VERSION}"
+            )
         if not isinstance(self.run, str) or not isinstance(self.sender, str):
             raise WireError("envelope", "run and sender must be strings")
         if isinstance(self.round, bool) or not isinstance(self.round, int) or self.round < 0:

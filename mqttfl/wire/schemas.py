@@ -105,6 +105,8 @@ class PayloadSchema:
 
     fields: Mapping[str, Field]
     dims: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # Largest magnitude any float array may hold (the method's bound; None: only finite).
+    value_bound: float | None = None
 
     def validate(self, body: Mapping[str, Any]) -> dict[str, int]:
         """Raise WireError for unknown, missing or malformed fields; return the bound dims."""
@@ -116,7 +118,17 @@ class PayloadSchema:
             raise WireError("missing_field", f"missing fields: {missing}")
         dims: dict[str, int] = {}
         for name, spec in self.fields.items():
-            spec.check(name, body[name], dims, self.dims)
+            value = body[name]
+            spec.check(name, value, dims, self.dims)
+            if self.value_bound is not None and isinstance(value, np.ndarray):
+                if (
+                    value.dtype.kind == "f"
+                    and value.size
+                    and np.abs(value).max() > self.value_bound
+                ):
+                    raise WireError(
+                        "range", f"field '{name}' has values beyond ±{self.value_bound:g}"
+                    )
         return dims
 
     def max_bytes(self) -> int:
@@ -145,12 +157,3 @@ class ClientInfo:
     classes: tuple[int, ...]
     num_samples: int
     sample_shape: tuple[int, ...]
-
-
-def require_keys(body: Mapping[str, Any], types: Mapping[str, type | tuple[type, ...]]) -> None:
-    """Light check of a control message body (start, status, metrics, state)."""
-    for key, kind in types.items():
-        if key not in body:
-            raise WireError("missing_field", f"control message lacks '{key}'")
-        if not isinstance(body[key], kind) or isinstance(body[key], bool) and kind is not bool:
-            raise WireError("type", f"control field '{key}' has type {type(body[key]).__name__}")

@@ -6,6 +6,7 @@ from its topic alone, before its payload is even decoded.
     mqttfl/{run}/round/{t}/start             coordinator -> all: selection, deadline, params
     mqttfl/{run}/round/{t}/down/{client}     personalized downlink
     mqttfl/{run}/round/{t}/down/all          broadcast downlink (also marks the round closed)
+    mqttfl/{run}/round/{t}/ack/{client}      a selected client saw the start (it is alive)
     mqttfl/{run}/round/{t}/up/{client}       upload
     mqttfl/{run}/round/{t}/metrics/{client}  per-round metrics
     mqttfl/{run}/status/{client}             retained online status, last will offline
@@ -15,24 +16,31 @@ from its topic alone, before its payload is even decoded.
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 
 from mqttfl.errors import WireError
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 BROADCAST = "all"
+MAX_ROUND = 999_999_999  # nine ASCII digits in a topic
+MAX_TOPIC_CHARS = 512
+_ROUND = re.compile(r"^(0|[1-9][0-9]{0,8})$")  # ASCII only: str.isdigit() takes '²'
+_PER_CLIENT = ("down", "up", "metrics", "ack")
 
 
 def check_id(value: str, what: str = "client id") -> str:
     """An id is safe inside a topic level: no '/', '+', '#', and not the broadcast name."""
-    if not _ID.match(value) or value == BROADCAST:
-        raise WireError("bad_id", f"{what} {value!r} must match {_ID.pattern} and not be 'all'")
+    if not isinstance(value, str) or not _ID.fullmatch(value) or value == BROADCAST:
+        raise WireError(
+            "bad_id", f"{what} {str(value)[:80]!r} must match {_ID.pattern} and not be 'all'"
+        )
     return value
 
 
 @dataclass(frozen=True)
 class TopicInfo:
-    kind: str  # start | down | up | metrics | status | state
+    kind: str  # start | down | ack | up | metrics | status | state
     round: int | None
     client: str | None  # None for start/state; "all" for the broadcast downlink
 
@@ -61,6 +69,9 @@ class Topics:
     def up(self, t: int, client: str) -> str:
         return f"{self.base}/round/{t}/up/{client}"
 
+    def ack(self, t: int, client: str) -> str:
+        return f"{self.base}/round/{t}/ack/{client}"
+
     def metrics(self, t: int, client: str) -> str:
         return f"{self.base}/round/{t}/metrics/{client}"
 
@@ -81,6 +92,10 @@ class Topics:
         return f"{self.base}/round/+/up/+"
 
     @property
+    def any_ack(self) -> str:
+        return f"{self.base}/round/+/ack/+"
+
+    @property
     def any_metrics(self) -> str:
         return f"{self.base}/round/+/metrics/+"
 
@@ -96,19 +111,41 @@ class Topics:
         return f"{self.base}/round/+/down/{BROADCAST}"
 
     def parse(self, topic: str) -> TopicInfo:
-        """Split a topic of this run; raise WireError('topic') for anything else."""
+        """Split a topic of this run; raise WireError('topic') for anything else.
+
+        The round is one to nine ASCII digits without a leading zero, and a client level
+        is a valid id (or ``all`` for the broadcast downlink), so nothing hostile in a
+        topic reaches ``int()`` or a file name.
+        """
         prefix = self.base + "/"
-        if not topic.startswith(prefix):
-            raise WireError("topic", f"not a topic of run {self.run_id}: {topic}")
+        if len(topic) > MAX_TOPIC_CHARS or not topic.startswith(prefix):
+            raise WireError("topic", f"not a topic of run {self.run_id}: {topic[:100]!r}")
         parts = topic[len(prefix) :].split("/")
         if parts == ["state"]:
             return TopicInfo("state", None, None)
         if len(parts) == 2 and parts[0] == "status":
-            return TopicInfo("status", None, parts[1])
-        if len(parts) >= 3 and parts[0] == "round" and parts[1].isdigit():
+            return TopicInfo("status", None, check_id(parts[1]))
+        if len(parts) >= 3 and parts[0] == "round" and _ROUND.fullmatch(parts[1]):
             t = int(parts[1])
             if parts[2:] == ["start"]:
                 return TopicInfo("start", t, None)
-            if len(parts) == 4 and parts[2] in ("down", "up", "metrics"):
-                return TopicInfo(parts[2], t, parts[3])
-        raise WireError("topic", f"unknown topic: {topic}")
+            if len(parts) == 4 and parts[2] in _PER_CLIENT:
+                if parts[2] == "down" and parts[3] == BROADCAST:
+                    return TopicInfo("down", t, BROADCAST)
+                return TopicInfo(parts[2], t, check_id(parts[3]))
+        raise WireError("topic", f"unknown topic: {topic[:100]!r}")
+
+
+def client_index(client: str) -> int:
+    """A stable integer for a client id: the number itself for numeric ids (they pick the
+    synthetic room and seed), else a CRC32 of the id (the same on every device)."""
+    if client.isascii() and client.isdigit():
+        return int(client)
+    return zlib.crc32(client.encode())
+
+
+def client_order(client: str) -> tuple[int, str]:
+    """Sort key: numeric ids in numeric order, then the others by name."""
+    if client.isascii() and client.isdigit():
+        return (int(client), "")
+    return (1 << 62, client)

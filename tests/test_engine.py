@@ -1,0 +1,210 @@
+"""The round engine in-process, on a fake clock: retries, deadlines, wills, acknowledgements,
+stale and duplicate uploads, a poisoned aggregate, the checkpoint and resume."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mqttfl.algorithms import get_algorithm
+from mqttfl.algorithms.base import Algorithm, Downlinks, Upload
+from mqttfl.algorithms.fedavg import FedAvgServer
+from mqttfl.errors import RejectedUpload, WireError
+from mqttfl.runtime.engine import RECONNECT_GRACE_S, WILL_SETTLE_S, Announce, Phase, RunAborted
+from mqttfl.runtime.state import RunState
+from mqttfl.wire.codec import pack_data, unpack_data
+from mqttfl.wire.control import Metrics, read_downlink
+
+from inprocess import RUN, Federation
+
+
+def closed_at(fed: Federation, t: int) -> float:
+    """The fake-clock time at which round t closed (after driving to it)."""
+    fed.round(t)
+    return fed.clock.now
+
+
+def test_a_whole_run_closes_every_round_and_summarizes_every_client() -> None:
+    fed = Federation("fedapa", clients=3, rounds=3).run()
+    assert [c.round for c in fed.closed] == [1, 2, 3]
+    assert fed.summary is not None and fed.summary["rounds_completed"] == 3
+    assert set(fed.summary["clients"]) == {"0", "1", "2"}
+    assert fed.summary["missing_uploads"] == 0 and fed.summary["retries"] == 0
+    # Every round closed on its uploads, not on a timer: the clock never moved.
+    assert fed.clock.now == 1000.0
+
+
+def test_a_selected_client_that_acknowledged_but_never_uploads_holds_the_round_to_its_deadline() -> None:
+    fed = Federation("fedavg", clients=3, rounds=2, arch="tiny")
+    fed.silent.add("2")
+    opened = fed.clock.now
+    assert closed_at(fed, 1) == pytest.approx(opened + fed.config.federation.round_timeout_s)
+    assert fed.engine.state.missing_uploads == 1
+    assert fed.closed[0].log["missing"] == ["2"]
+
+
+def test_a_ghost_that_never_acknowledges_costs_one_ack_timeout_then_is_left_out() -> None:
+    fed = Federation("fedavg", clients=3, rounds=4, arch="tiny", federation={"ack_timeout_s": 5.0})
+    fed.ghosts.add("2")
+    opened = fed.clock.now
+    assert closed_at(fed, 1) == pytest.approx(opened + 5.0)  # not the 60 s deadline
+    assert not fed.engine.clients["2"].responsive
+    assert "2" not in fed.announced[1].start.selected  # round 2 left it out...
+    fed.round(2)
+    assert fed.clock.now == pytest.approx(opened + 5.0)  # ...and waited for nobody
+    # It shows life again (a new announcement): it is selectable again.
+    fed.ghosts.discard("2")
+    fed.announce(fed.clients[2].info)
+    fed.round(3)
+    assert "2" in fed.announced[3].start.selected
+
+
+def test_a_last_will_ends_the_wait_for_that_client_after_the_will_settles() -> None:
+    fed = Federation("fedavg", clients=3, rounds=2, arch="tiny")
+    fed.silent.add("1")
+    fed.step()  # round 1 opens; 0 and 2 upload, 1 is training
+    assert fed.engine.phase is Phase.OPEN
+    t0 = fed.clock.now
+    fed.leave("1")
+    assert fed.engine.step() == []  # a will may be the broker going down: watch a moment
+    fed.clock.advance(WILL_SETTLE_S)
+    actions = fed.engine.step()
+    assert fed.engine.state.round == 1 and fed.clock.now == pytest.approx(t0 + WILL_SETTLE_S)
+    assert [type(a).__name__ for a in actions][:1] == ["Close"]
+
+
+def test_after_a_broker_restart_the_round_waits_for_clients_to_come_back() -> None:
+    fed = Federation("fedavg", clients=3, rounds=2, arch="tiny")
+    fed.silent.add("2")
+    fed.step()
+    fed.leave("2")  # its will: the broker is going down
+    fed.engine.on_broker_lost()
+    fed.clock.advance(30.0)
+    assert fed.engine.step() == []  # nothing closes while the broker is away
+    fed.engine.on_broker_back()
+    fed.clock.advance(RECONNECT_GRACE_S / 2)
+    assert fed.engine.step() == []  # within the grace, the gone client may come back
+    fed.silent.discard("2")
+    fed.dead.discard("2")
+    fed.announce(fed.clients[2].info)  # it reconnected
+    client = fed.clients[2]
+    client.train(1, {}, np.random.default_rng(0))
+    fed.send_upload(1, "2", client.make_upload(1))
+    fed.round(1)
+    assert fed.closed[0].log["missing"] == []
+
+
+def test_too_few_uploads_retry_with_a_new_announcement_and_abort_after_the_last_attempt() -> None:
+    fed = Federation(
+        "fedavg",
+        clients=2,
+        rounds=2,
+        arch="tiny",
+        federation={"min_clients": 2, "max_round_attempts": 3, "round_timeout_s": 10.0},
+    )
+    fed.silent.add("1")
+    with pytest.raises(RunAborted, match="after 3 attempts"):
+        fed.run()
+    starts = [a.start for a in fed.announced]
+    assert [s.attempt for s in starts] == [1, 2, 3]
+    assert len({s.announcement for s in starts}) == 3
+    assert starts[1].uploaded == ("0",)  # the retry keeps the upload of the first attempt
+    assert fed.engine.state.retries == 3
+
+
+def test_stale_duplicate_and_future_uploads_are_rejected_and_counted() -> None:
+    fed = Federation("fedavg", clients=2, rounds=3, arch="tiny")
+    fed.round(1)  # and round 2 opened at once; both have uploaded to it
+    body = fed.uploads[0].body
+    rejected = []
+    for t in (1, 2, 3):  # closed, open and already uploaded, not open yet
+        with pytest.raises(RejectedUpload) as info:
+            fed.send_upload(t, "0", body)
+        rejected.append(info.value.reason)
+    assert rejected == ["stale", "duplicate", "future"]
+    assert fed.engine.state.rejections == {"stale": 1, "duplicate": 1, "future": 1}
+
+
+class PoisonableServer(FedAvgServer):
+    """FedAvg whose aggregate turns non-finite when an upload's weights exceed 100."""
+
+    def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks:
+        down = super().aggregate(t, uploads)
+        if any(float(np.abs(u.body["weights"]).max()) > 100 for u in uploads):
+            down.broadcast["weights"] = {k: v * np.inf for k, v in down.broadcast["weights"].items()}
+        return down
+
+
+def test_an_upload_that_poisons_the_aggregate_is_dropped_not_the_round() -> None:
+    fedavg = get_algorithm("fedavg")
+    poisonable = Algorithm("poisonable", PoisonableServer, fedavg.client)
+    fed = Federation("fedavg", clients=3, rounds=1, arch="tiny", algorithm=poisonable)
+    fed.step()  # round 1 open, all three uploaded
+    fed.engine.gate.accepted.pop("2")
+    client = fed.clients[2]
+    body = client.make_upload(1)
+    body["weights"] = body["weights"] + 500.0  # within the schema's bound, fatal to the mean
+    fed.send_upload(1, "2", body)
+    fed.run()
+    assert fed.engine.state.rejections["dropped_from_aggregate"] == 1
+    broadcast = read_downlink(fed.closed[0].payloads.broadcast, run_id=RUN, round=1, client="all")
+    weights = next(iter(broadcast.body["weights"].values()))
+    assert np.isfinite(weights).all() and np.abs(weights).max() < 100
+
+
+def test_absurd_but_finite_prototypes_are_refused_by_the_schema() -> None:
+    fed = Federation("fedapa", clients=2, rounds=2)
+    fed.round(1)  # and round 2 opened at once; both have uploaded to it
+    fed.engine.gate.accepted.pop("1")
+    body = dict(fed.uploads[1].body)
+    body["prototypes"] = np.full_like(body["prototypes"], 3e38)
+    with pytest.raises(RejectedUpload) as info:
+        fed.send_upload(2, "1", body)
+    assert info.value.reason == "range"
+
+
+def test_metrics_from_strangers_or_for_open_rounds_are_refused() -> None:
+    fed = Federation("fedavg", clients=2, rounds=2, arch="tiny")
+    fed.round(1)
+    values = {"accuracy": 0.5, "f1": 0.5, "mae": 1.0}
+    with pytest.raises(WireError) as stranger:
+        fed.engine.on_metrics(Metrics(1, "99", values))
+    with pytest.raises(WireError) as future:
+        fed.engine.on_metrics(Metrics(2, "0", values))
+    assert (stranger.value.reason, future.value.reason) == ("unknown_client", "future")
+    assert {r["client_id"] for r in fed.engine.records} == {"0", "1"}
+
+
+def test_run_state_survives_the_checkpoint_codec_and_resumes_the_next_round() -> None:
+    fed = Federation("fedapa", clients=3, rounds=4)
+    fed.round(2)
+    saved = fed.closed[-1].checkpoint
+    assert saved is not None
+    state = RunState.from_dict(unpack_data(pack_data(saved)), fed.config, source="test")
+    assert state.round == 2 and state.clients == ["0", "1", "2"]
+    assert state.downlinks == fed.closed[-1].payloads
+    assert pack_data(state.to_dict(fed.config)) == pack_data(saved)
+    with pytest.raises(Exception, match="belongs to run"):
+        RunState.from_dict({**saved, "method": "fedavg"}, fed.config, source="test")
+
+    resumed = Federation("fedapa", clients=3, rounds=4, state=state)
+    assert resumed.engine.phase is Phase.RESUMING
+    actions = resumed.engine.step()  # every known client announced itself: re-publish, go on
+    republished = [a for a in actions if not isinstance(a, Announce)]
+    assert republished[0].checkpoint is None and republished[0].payloads == state.downlinks
+    assert isinstance(actions[-1], Announce) and actions[-1].start.round == 3
+    server_state: dict[str, Any] = resumed.engine.server.state_dict()
+    assert server_state.keys() == saved["server"].keys()
+
+
+def test_the_engine_reads_only_its_injected_clock() -> None:
+    """Deadlines are relative to the engine's clock: a clock far from the wall still works."""
+    fed = Federation("fedavg", clients=2, rounds=1, arch="tiny")
+    fed.clock.now = -1e9
+    fed.silent.add("1")
+    opened = fed.clock.now
+    fed.run()
+    assert fed.clock.now == pytest.approx(opened + fed.config.federation.round_timeout_s)
+    assert fed.announced[0].start.timeout_s == fed.config.federation.round_timeout_s
