@@ -91,7 +91,9 @@ class Federation:
             federation=FederationConfig(**{**fed, **(federation or {})}),
         )
         self.clock = FakeClock()
-        self.engine = RoundEngine(self.config, self.algorithm, self.ctx, clock=self.clock, state=state)
+        self.engine = RoundEngine(
+            self.config, self.algorithm, self.ctx, clock=self.clock, state=state
+        )
         self.server: ServerSide = self.engine.server
         self.clients: list[ClientSide] = []
         self.schemas: list[PayloadSchema] = []  # what each client's runner would check

@@ -36,7 +36,9 @@ def test_a_whole_run_closes_every_round_and_summarizes_every_client() -> None:
     assert fed.clock.now == 1000.0
 
 
-def test_a_selected_client_that_acknowledged_but_never_uploads_holds_the_round_to_its_deadline() -> None:
+def test_a_selected_client_that_acknowledged_but_never_uploads_holds_the_round_to_its_deadline() -> (
+    None
+):
     fed = Federation("fedavg", clients=3, rounds=2, arch="tiny")
     fed.silent.add("2")
     opened = fed.clock.now
@@ -133,7 +135,9 @@ class PoisonableServer(FedAvgServer):
     def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks:
         down = super().aggregate(t, uploads)
         if any(float(np.abs(u.body["weights"]).max()) > 100 for u in uploads):
-            down.broadcast["weights"] = {k: v * np.inf for k, v in down.broadcast["weights"].items()}
+            down.broadcast["weights"] = {
+                k: v * np.inf for k, v in down.broadcast["weights"].items()
+            }
         return down
 
 

@@ -126,7 +126,10 @@ class ClientRunner:
         self.progress = Progress()
         self.state_file = StateFile(state_dir / f"client-{client_id}.pt")
         self.pending: dict[int, PendingDownlink] = {}
-        self.announced_round = 0  # the newest round a valid start or run status named
+        # The newest round known closed (its closed status, or a start of the next one), in
+        # the order the worker acts: a downlink is applied only once its round closed, so
+        # one sent early (forged, for a round still open or not yet announced) never is.
+        self.closed_round = 0
         self.training_round = 0
         self.last_upload: SentUpload | None = None
         self.last_loss = 0.0
@@ -268,8 +271,6 @@ class ClientRunner:
             message = received.message
             if isinstance(message, RunStatus) and message.start is not None:
                 message = message.start
-            if isinstance(message, RoundStart | RunStatus):
-                self.announced_round = max(self.announced_round, message.round)
             if isinstance(message, RoundStart):
                 self._acknowledge(message)
             self.work.put_nowait(received)
@@ -290,18 +291,20 @@ class ClientRunner:
 
     async def _act(self, received: Received) -> None:
         message = received.message
-        if isinstance(message, RunStatus):
-            if message.start is not None:
-                await self._on_start(message.start, received.received)
-            elif message.phase == "finished":
-                self.finish_seen = True
-                self.log.info("run.finishing", round=message.round)
-                await self._apply_ready()
-                self._maybe_finish()
-        elif isinstance(message, RoundStart):
-            await self._on_start(message, received.received)
-        else:
+        if isinstance(message, Downlink):
             await self._on_downlink(message, received)
+            return
+        start = message.start if isinstance(message, RunStatus) else message
+        if start is not None:  # round t open: round t-1 closed
+            self.closed_round = max(self.closed_round, start.round - 1)
+        elif isinstance(message, RunStatus) and message.phase == "closed":
+            self.closed_round = max(self.closed_round, message.round)
+        elif isinstance(message, RunStatus) and message.phase == "finished":
+            self.finish_seen = True
+            self.log.info("run.finishing", round=message.round)
+        await self._apply_ready()  # the last round's downlinks before the next round's training
+        if start is not None:
+            await self._on_start(start, received.received)
 
     async def _on_start(self, start: RoundStart, received: float) -> None:
         if self.client_id not in start.selected:
@@ -386,12 +389,12 @@ class ClientRunner:
     async def _apply_ready(self) -> None:
         for t in sorted(self.pending):
             pending = self.pending[t]
-            if pending.broadcast is None or t > self.announced_round:
-                continue  # a downlink for a round nobody announced is held, never applied
+            last = self.finish_seen and t == self.config.rounds
+            if pending.broadcast is None or (t > self.closed_round and not last):
+                continue  # held until its round is known closed
             personal_for = pending.broadcast.personal_for or ()
             wants_personal = self.client_id in personal_for
             newer = any(u > t and p.broadcast is not None for u, p in self.pending.items())
-            last = self.finish_seen and t == self.config.rounds
             if wants_personal and pending.personal is None and not (newer or last):
                 return  # wait for the personalized downlink
             if wants_personal and pending.personal is None:

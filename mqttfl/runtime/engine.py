@@ -172,6 +172,7 @@ class RoundEngine:
             self.server.load_state_dict(self.state.server)
             self.gate.round = self.state.round
             self.phase, self.phase_until = Phase.RESUMING, now + RESUME_LISTEN_S
+            self.log.info("run.resumed", from_round=self.round)
         else:
             self.phase, self.phase_until = Phase.JOINING, now + self.fed.join_timeout_s
         if self.round > config.rounds:
