@@ -131,17 +131,18 @@ class RunConfig(BaseSettings):
         return (init_settings, env_settings, _FileSource(settings_cls))
 
 
-_FILE_TREE: ContextVar[dict[str, Any]] = ContextVar("_FILE_TREE", default={})
+# The TOML tree of the load_config call in progress (None outside one).
+_FILE_TREE: ContextVar[dict[str, Any] | None] = ContextVar("_FILE_TREE", default=None)
 
 
 class _FileSource(PydanticBaseSettingsSource):
     """The parsed TOML file, as the lowest-priority settings source."""
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return _FILE_TREE.get().get(field_name), field_name, False
+        return (_FILE_TREE.get() or {}).get(field_name), field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        return dict(_FILE_TREE.get())
+        return dict(_FILE_TREE.get() or {})
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -248,7 +249,3 @@ def validate_method_params(model: type[BaseModel], params: dict[str, Any]) -> An
         if first["type"] == "extra_forbidden":
             raise ConfigError(key, "unknown key") from None
         raise ConfigError(key, first["msg"]) from None
-
-
-def config_to_dict(config: RunConfig) -> dict[str, Any]:
-    return config.model_dump(mode="json")

@@ -343,7 +343,8 @@ def _load_npz(path: Path) -> Capture:
     else:
         raise DataError(path, f"csi_data has unsupported dtype {raw.dtype}")
     csi = checked_csi(path, csi, "npz")
-    index, phy, invalid = None, None, ()
+    index, phy = None, None
+    invalid: tuple[int, ...] = ()
     if kind == "esp-iq" and csi.shape[1] == 64:
         if chip in ESP_CENTRED_CHIPS:
             csi = np.ascontiguousarray(np.fft.ifftshift(csi, axes=1))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -123,7 +124,7 @@ def walk_atheros(path: Path, data: bytes, endian: str) -> tuple[int, int, int, i
     pos, n, size = 0, 0, len(data)
     max_nr = max_nc = 0
     tones_seen: set[int] = set()
-    order = "little" if endian == "little" else "big"
+    order: Literal["little", "big"] = "little" if endian == "little" else "big"
     while pos + 2 <= size:
         field_len = int.from_bytes(data[pos : pos + 2], order)
         end = pos + 2 + field_len

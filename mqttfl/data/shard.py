@@ -197,7 +197,9 @@ def load_shard(directory: Path) -> Shard:
         raise DataError(directory, "shard directory not found")
     arrays = _read_arrays(directory / ARRAYS_FILE)
     meta = _read_meta(directory / META_FILE)
-    problem = _problem(*(arrays[key] for key in _ARRAY_KEYS), meta)
+    problem = _problem(
+        arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"], meta
+    )
     if problem is not None:
         raise DataError(directory / ARRAYS_FILE, problem)
     return Shard(**arrays, meta=meta)

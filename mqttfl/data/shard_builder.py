@@ -89,7 +89,12 @@ def _read_recording(
             {},
         )
     cap: Capture = load_capture(path, fmt, nexmon_chip=nexmon_chip, nexmon_bw=nexmon_bw)
-    chosen = list(range(cap.num_subcarriers)) if subcarriers == "all" else subcarriers
+    if isinstance(subcarriers, str):
+        if subcarriers != "all":
+            raise ValueError(f"subcarriers must be 'all', None or positions, not {subcarriers!r}")
+        chosen: Sequence[int] | None = list(range(cap.num_subcarriers))
+    else:
+        chosen = subcarriers
     rows, sel = capture_features(cap, subcarriers=chosen, drop_pilots=drop_pilots, phase=phase)
     shape = tuple(int(d) for d in cap.csi.shape[1:])
     text = f"{shape[0]} subcarriers" + (

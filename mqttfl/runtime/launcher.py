@@ -99,7 +99,8 @@ class LocalFederation:
                     f"the coordinator failed (exit {code}); see {self.out_dir / 'logs'}"
                 )
             self._wait_clients(CHILD_GRACE_S)
-            return json.loads((self.out_dir / "summary.json").read_text())  # type: ignore[no-any-return]
+            summary: dict[str, Any] = json.loads((self.out_dir / "summary.json").read_text())
+            return summary
         finally:
             self.shutdown()
 

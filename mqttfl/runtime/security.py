@@ -26,6 +26,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mqttfl.errors import BrokerError, MqttflError
 from mqttfl.runtime.messages import COORDINATOR
@@ -68,11 +69,11 @@ class BrokerSetup:
 def client_ids(*, clients: int | None = None, ids: str | None = None) -> list[str]:
     if (clients is None) == (ids is None):
         raise MqttflError("give exactly one of --clients N or --ids a,b,c")
-    names = (
-        [str(i) for i in range(clients)]
-        if clients is not None
-        else [s.strip() for s in ids.split(",")]
-    )  # type: ignore[union-attr]
+    if clients is not None:
+        names = [str(i) for i in range(clients)]
+    else:
+        assert ids is not None
+        names = [s.strip() for s in ids.split(",")]
     if not names or (clients is not None and clients < 1):
         raise MqttflError("at least one client identity is needed")
     for name in names:
@@ -331,7 +332,7 @@ def read_env_file(path: Path) -> dict[str, str]:
 
 
 # --- command line -------------------------------------------------------------------
-def add_broker_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_broker_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     broker = subparsers.add_parser("broker", help="set up a secured Mosquitto for a deployment")
     commands = broker.add_subparsers(dest="broker_command", required=True)
     init = commands.add_parser(
