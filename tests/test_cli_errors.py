@@ -122,6 +122,41 @@ def test_unwritable_out_for_data_prepare(tmp_path: Path, blocked: Path) -> None:
     assert_one_line(result, str(blocked), "is not a directory")
 
 
+def test_unwritable_out_for_broker_init(blocked: Path) -> None:
+    result = mqttfl("broker", "init", "--clients", "2", "--out", str(blocked))
+    assert_one_line(result, str(blocked), "is not a directory")
+
+
+@pytest.mark.parametrize("port", ["0", "65536"])
+def test_broker_init_port_out_of_range(tmp_path: Path, port: str) -> None:
+    out = tmp_path / "broker"
+    result = mqttfl("broker", "init", "--clients", "2", "--port", port, "--out", str(out))
+    assert_one_line(result, f"--port {port}", "1-65535")
+    assert not out.exists()
+
+
+def test_broker_init_refuses_names_for_a_numbered_data_source(tmp_path: Path) -> None:
+    out = tmp_path / "broker"
+    result = mqttfl("broker", "init", "--ids", "a,b,c", "--config", CONFIG, "--out", str(out))
+    assert_one_line(result, "client id 'a' is not a number", "'synthetic'", CONFIG)
+    assert not out.exists()
+
+
+def test_broker_init_without_config_accepts_names_and_says_what_they_need(
+    tmp_path: Path,
+) -> None:
+    result = mqttfl("broker", "init", "--ids", "a,b", "--out", str(tmp_path / "broker"))
+    assert result.returncode == 0, result.stderr
+    assert "note: ids a, b are not numbers" in result.stdout and "'shards'" in result.stdout
+
+
+def test_broker_init_refuses_ids_beyond_espectre_chips(tmp_path: Path) -> None:
+    out = tmp_path / "broker"
+    config = "configs/presence-espectre.toml"
+    result = mqttfl("broker", "init", "--clients", "6", "--config", config, "--out", str(out))
+    assert_one_line(result, "client id '5'", "ESPectre has 5 clients")
+
+
 def test_first_mqttfl_error_is_found_in_nested_groups() -> None:
     inner = ConfigError("model.name", "unknown model 'x'")
     group = ExceptionGroup(
