@@ -60,6 +60,22 @@ def client_id_problem(data: DataConfig, client_id: str, *, num_clients: int) -> 
     return None
 
 
+def shard_directory(data: DataConfig, client_id: str) -> Path:
+    """``data.path/client-<id>/`` of the 'shards' source; an error naming what is missing."""
+    if not data.path:
+        raise ConfigError(
+            "data.path", "the 'shards' source needs a directory of client-<id>/ shards"
+        )
+    if not Path(data.path).is_dir():
+        raise ConfigError("data.path", f"{data.path} is not a directory")
+    directory = Path(data.path) / f"client-{client_id}"
+    if not directory.is_dir():
+        raise DataError(
+            directory, "no shard for this client (expected client-<id>/ under data.path)"
+        )
+    return directory
+
+
 def load_client_shard(
     data: DataConfig,
     client_id: str,
@@ -84,16 +100,7 @@ def load_client_shard(
             test_fraction=data.test_fraction,
         )
     if data.source == "shards":
-        if not data.path:
-            raise ConfigError(
-                "data.path", "the 'shards' source needs a directory of client-<id>/ shards"
-            )
-        directory = Path(data.path) / f"client-{client_id}"
-        if not directory.is_dir():
-            raise DataError(
-                directory, "no shard for this client (expected client-<id>/ under data.path)"
-            )
-        return load_shard(directory)
+        return load_shard(shard_directory(data, client_id))
     if data.source == "espectre":
         from mqttfl.data.espectre import espectre_shard
 
