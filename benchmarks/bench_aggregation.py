@@ -75,9 +75,10 @@ def measure(quick: bool) -> list[dict[str, Any]]:
         protos, mask = stack_uploads(uploads, CLASSES, DIM)
         downlinks = server.aggregate(1, uploads)
         assert len(downlinks.personal) == n and downlinks.personal["0"]["q"].shape == (CLASSES, DIM)
-        full_wall, full_cpu = _time(lambda: server.aggregate(1, uploads), repeats)
+        full_wall, full_cpu = _time(lambda uploads=uploads: server.aggregate(1, uploads), repeats)
         core_wall, core_cpu = _time(
-            lambda: aggregate_prototypes(protos, mask, tau=ctx.params.tau), repeats
+            lambda protos=protos, mask=mask: aggregate_prototypes(protos, mask, tau=ctx.params.tau),
+            repeats,
         )
         rows.append(
             {

@@ -137,7 +137,7 @@ def bytes_(doc: dict[str, Any]) -> list[str]:
             continue
         wire = r["wire"]
 
-        def pct(direction: str, key: str = "framing_overhead") -> str:
+        def pct(direction: str, key: str = "framing_overhead", wire: dict[str, Any] = wire) -> str:
             value = wire.get(direction, {}).get(key)
             return f"{value * 100:.2f}%" if value is not None else "-"
 

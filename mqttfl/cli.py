@@ -6,18 +6,27 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from mqttfl.compare import add_compare_command
 from mqttfl.config import RunConfig, load_config
 from mqttfl.data.data_cli import add_data_commands
 from mqttfl.errors import MqttflError
 from mqttfl.logs import configure_logging
+from mqttfl.paths import make_dir
 from mqttfl.report import add_report_command
 from mqttfl.runtime.security import add_broker_commands
+
+if TYPE_CHECKING:
+    from mqttfl.runtime.transport import BrokerAddress
+
+RESOLVE_TIMEOUT_S = 10.0
 
 
 def _add_config_args(parser: argparse.ArgumentParser, *, positional: bool = False) -> None:
@@ -108,12 +117,61 @@ def _watch_parent() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _broker(args: argparse.Namespace) -> str:
+def _resolve(host: str, port: int, *, timeout: float) -> str | None:
+    """Why ``host`` cannot be resolved (within ``timeout`` seconds), or None."""
+    problem: list[str | None] = [f"no answer within {timeout:.0f} s"]
+
+    def lookup() -> None:
+        try:
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            problem[0] = None
+        except (OSError, UnicodeError) as exc:
+            problem[0] = getattr(exc, "strerror", None) or str(exc)
+
+    thread = threading.Thread(target=lookup, daemon=True)  # getaddrinfo has no timeout
+    thread.start()
+    thread.join(timeout)
+    return problem[0]
+
+
+def _broker_url(text: str) -> str:
+    """Check a ``--broker`` URL (scheme, host, port 1-65535, the host resolves) and
+    return it as ``mqtt[s]://host:port``; raise :class:`MqttflError` naming it otherwise."""
+
+    def bad(reason: str) -> MqttflError:
+        return MqttflError(f"--broker {text!r}: {reason}, e.g. mqtt://127.0.0.1:1883")
+
+    try:
+        parts = urlsplit(text if "://" in text else f"mqtt://{text}")
+    except ValueError as exc:  # an unclosed [IPv6 bracket
+        raise bad(f"malformed URL ({exc})") from None
+    try:
+        port = parts.port
+    except ValueError:  # out of 0-65535, or not a number
+        port_text = parts.netloc.rpartition(":")[2]
+        raise bad(f"port {port_text!r} is not a number in 1-65535") from None
+    if parts.scheme not in ("mqtt", "mqtts"):
+        raise bad(f"the scheme must be mqtt or mqtts, not {parts.scheme!r}")
+    host = parts.hostname
+    if not host:
+        raise bad("no host")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise bad("a broker URL has no path, query or fragment")
+    port = port if port is not None else (8883 if parts.scheme == "mqtts" else 1883)
+    if not 1 <= port <= 65535:
+        raise bad(f"port {port} is not in 1-65535")
+    problem = _resolve(host, port, timeout=RESOLVE_TIMEOUT_S)
+    if problem is not None:
+        raise MqttflError(f"--broker {text!r}: cannot resolve host {host!r}: {problem}")
+    return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def _broker(args: argparse.Namespace) -> BrokerAddress:
     from mqttfl.runtime.transport import BrokerAddress
 
     if not args.broker:
         raise MqttflError("--broker is required, e.g. --broker mqtt://127.0.0.1:1883")
-    return str(BrokerAddress.parse(args.broker))
+    return BrokerAddress.parse(_broker_url(args.broker))
 
 
 def _credentials(config: RunConfig):  # noqa: ANN202
@@ -130,34 +188,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     from mqttfl.algorithms import make_context
 
     make_context(config)  # fail on a bad [method] table before starting anything
-    out = args.out or default_out_dir(config)
+    # Check --broker here, once, rather than in each of the children it is passed to.
+    broker = _broker_url(args.broker) if args.broker else None
+    out = make_dir(args.out or default_out_dir(config), what="--out")
     configure_logging(out / "logs" / "launcher.jsonl", level=config.logging.level)
-    federation = LocalFederation(config, args.config, args.overrides, out, args.broker)
+    federation = LocalFederation(config, args.config, args.overrides, out, broker)
     summary = federation.run()
     sys.stdout.write(format_table(summary) + f"\nrun directory: {out}\n")
     return 0
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
-    from mqttfl.runtime.coordinator import Coordinator
-    from mqttfl.runtime.transport import BrokerAddress
-
     config = load_config(args.config, args.overrides)
+    broker = _broker(args)
+    make_dir(args.out, what="--out")
+    from mqttfl.runtime.coordinator import Coordinator  # torch: after the quick checks
+
     _setup_logging(config, "coordinator", args.out)
     _watch_parent()
-    coordinator = Coordinator(
-        config, BrokerAddress.parse(_broker(args)), args.out, credentials=_credentials(config)
-    )
+    coordinator = Coordinator(config, broker, args.out, credentials=_credentials(config))
     asyncio.run(coordinator.run())
     return 0
 
 
 def cmd_client(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    broker = _broker(args)
     from mqttfl.data.sources import load_client_shard
     from mqttfl.runtime.client import ClientRunner
-    from mqttfl.runtime.transport import BrokerAddress
 
-    config = load_config(args.config, args.overrides)
     _setup_logging(config, f"client-{args.id}", None)
     _watch_parent()
     shard = load_client_shard(
@@ -171,7 +230,7 @@ def cmd_client(args: argparse.Namespace) -> int:
     runner = ClientRunner(
         config,
         args.id,
-        BrokerAddress.parse(_broker(args)),
+        broker,
         shard,
         state_dir=args.state_dir,
         credentials=_credentials(config),
@@ -201,12 +260,34 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def first_mqttfl_error(group: BaseExceptionGroup[BaseException]) -> MqttflError | None:
+    """The first :class:`MqttflError` among the leaves of ``group`` (depth first), or None.
+
+    ``asyncio.TaskGroup`` wraps what its tasks raise in an ``ExceptionGroup``; the user
+    error inside is what the command line reports.
+    """
+    for exc in group.exceptions:
+        if isinstance(exc, MqttflError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = first_mqttfl_error(exc)
+            if found is not None:
+                return found
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except MqttflError as exc:
         sys.stderr.write(f"mqttfl: error: {exc}\n")
+        return 2
+    except BaseExceptionGroup as group:
+        error = first_mqttfl_error(group)
+        if error is None:
+            raise
+        sys.stderr.write(f"mqttfl: error: {error}\n")
         return 2
     except BrokenPipeError:  # output piped into `head` and closed early
         return 0

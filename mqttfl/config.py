@@ -11,9 +11,16 @@ import os
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -21,6 +28,7 @@ from pydantic_settings import (
 )
 
 from mqttfl.errors import ConfigError
+from mqttfl.models.names import MODEL_NAMES
 
 
 class _Table(BaseModel):
@@ -58,12 +66,22 @@ class DataConfig(_Table):
     partition_params: dict[str, float] = Field(default_factory=dict)
 
 
+def _known_model(name: str) -> str:
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODEL_NAMES)}")
+    return name
+
+
+# A name build_model accepts, checked without importing torch.
+ModelName = Annotated[str, AfterValidator(_known_model)]
+
+
 class ModelConfig(_Table):
-    name: str = "large"
+    name: ModelName = "large"
     embed_dim: int = Field(256, ge=2)
     num_classes: int = Field(21, ge=2)
     # Model heterogeneity: architecture per client id, cycled (Table III, right half).
-    per_client: list[str] = Field(default_factory=list)
+    per_client: list[ModelName] = Field(default_factory=list)
 
     def arch_for(self, client_id: int) -> str:
         if self.per_client:
@@ -89,6 +107,7 @@ class BrokerConfig(_Table):
     tls_cert: str | None = None
     tls_key: str | None = None
     keepalive_s: int = Field(15, ge=2)
+    # How long a client or the coordinator tries to reach the broker before giving up.
     connect_timeout_s: float = Field(10.0, gt=0)
 
 
@@ -119,7 +138,12 @@ class RunConfig(BaseSettings):
     @model_validator(mode="after")
     def _check_min_clients(self) -> RunConfig:
         if self.federation.min_clients > self.federation.num_clients:
-            raise ValueError("federation.min_clients must not exceed federation.num_clients")
+            # Not a ValueError: pydantic lets it through, naming the key it is about.
+            raise ConfigError(
+                "federation.min_clients",
+                f"{self.federation.min_clients} exceeds federation.num_clients "
+                f"({self.federation.num_clients})",
+            )
         return self
 
     @classmethod
@@ -135,17 +159,18 @@ class RunConfig(BaseSettings):
         return (init_settings, env_settings, _FileSource(settings_cls))
 
 
-_FILE_TREE: ContextVar[dict[str, Any]] = ContextVar("_FILE_TREE", default={})
+# The TOML tree of the load_config call in progress (None outside one).
+_FILE_TREE: ContextVar[dict[str, Any] | None] = ContextVar("_FILE_TREE", default=None)
 
 
 class _FileSource(PydanticBaseSettingsSource):
     """The parsed TOML file, as the lowest-priority settings source."""
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return _FILE_TREE.get().get(field_name), field_name, False
+        return (_FILE_TREE.get() or {}).get(field_name), field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        return dict(_FILE_TREE.get())
+        return dict(_FILE_TREE.get() or {})
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -233,12 +258,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def _config_error(exc: ValidationError) -> ConfigError:
     first = exc.errors()[0]
-    loc = [str(part) for part in first["loc"]]
-    if loc and loc[0] == "method_params":
-        loc[0] = "method"
-    key = ".".join(loc) or "config"
+    key = ""
+    for part in first["loc"]:
+        if isinstance(part, int):  # a list item: model.per_client[1]
+            key += f"[{part}]"
+        else:
+            key += ("." if key else "") + ("method" if part == "method_params" else str(part))
+    key = key or "config"
     if first["type"] == "extra_forbidden":
         return ConfigError(key, "unknown key")
+    if first["type"] == "value_error":  # our own validators: their message, without a prefix
+        return ConfigError(key, str(first["ctx"]["error"]))
     return ConfigError(key, first["msg"])
 
 
@@ -252,7 +282,3 @@ def validate_method_params(model: type[BaseModel], params: dict[str, Any]) -> An
         if first["type"] == "extra_forbidden":
             raise ConfigError(key, "unknown key") from None
         raise ConfigError(key, first["msg"]) from None
-
-
-def config_to_dict(config: RunConfig) -> dict[str, Any]:
-    return config.model_dump(mode="json")

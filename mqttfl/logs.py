@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -31,11 +32,13 @@ class _Tee:
         self._pretty = structlog.dev.ConsoleRenderer(colors=bool(console and console.isatty()))
         self._json = structlog.processors.JSONRenderer()
 
-    def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> str:
+    def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
         if self._console is not None and _LEVELS.get(method, logging.INFO) >= self._console_level:
             self._console.write(self._pretty(logger, method, dict(event)) + "\n")
             self._console.flush()
-        line = self._json(logger, method, event)
+        rendered = self._json(logger, method, event)
+        # JSONRenderer gives bytes only with a bytes-returning serializer, which we don't use.
+        line = rendered.decode() if isinstance(rendered, bytes) else rendered
         if self._file is not None:
             self._file.write(line + "\n")
             self._file.flush()

@@ -273,7 +273,7 @@ def CONTROL_CATALOGUE(scene: Scene) -> list[tuple[str, bytes, str]]:  # noqa: N8
     """Hostile non-upload messages: (topic under mqttfl/<run>/, payload, reason). They are
     counted apart from upload rejections (summary.json's ``rejected_messages``)."""
     from mqttfl.algorithms.base import ClientInfo
-    from mqttfl.wire.control import Offline, Online
+    from mqttfl.wire.control import Online
 
     impostor = ClientInfo(scene.victim, "tiny", scene.classes, 96, (24, 242))
     metrics = {"accuracy": 1.0, "f1": 1.0, "mae": 0.0}

@@ -193,7 +193,8 @@ def test_init_with_ids_refuses_bad_identities_and_overwrites(tmp_path: Path) -> 
     init_broker(tmp_path / "b", client_ids(ids="kitchen,hall"))
     assert "cafile" not in (tmp_path / "b" / "mosquitto.conf").read_text()
     assert (
-        "user kitchen\ntopic readwrite mqttfl/+/status/kitchen" in (tmp_path / "b" / "acl").read_text()
+        "user kitchen\ntopic readwrite mqttfl/+/status/kitchen"
+        in (tmp_path / "b" / "acl").read_text()
     )
     with pytest.raises(MqttflError, match="--force"):
         init_broker(tmp_path / "b", ["kitchen"])

@@ -15,6 +15,7 @@ from mqttfl.data.capture import (
     read_capture,
     read_features,
 )
+from mqttfl.data.capture_checks import walk_atheros
 from mqttfl.data.preprocess import (
     Normalizer,
     capture_features,
@@ -195,6 +196,49 @@ def test_truncated_intel_record_is_tolerated(tmp_path):
     cut = tmp_path / "cut.dat"
     cut.write_bytes(src.read_bytes()[:-100])
     assert read_capture(cut, "intel5300").shape == (25, 30, 3, 2)
+
+
+def _atheros_record(tones: int = 56, nr: int = 1, nc: int = 1) -> bytes:
+    """One little-endian Atheros CSI Tool record: length, 25-byte header, CSI, no payload."""
+    csi_len = (nr * nc * tones * 20 + 7) // 8
+    header = bytearray(25)
+    header[8:10] = csi_len.to_bytes(2, "little")
+    header[16:19] = bytes([tones, nr, nc])
+    body = bytes(header) + bytes(range(256))[:csi_len]
+    return len(body).to_bytes(2, "little") + body
+
+
+def test_generated_atheros_records_walk_and_a_cut_one_names_its_offset(tmp_path):
+    record = _atheros_record()
+    whole = record * 3
+    assert walk_atheros(tmp_path / "x.dat", whole, "little") == (3, 1, 1, 56)
+    for cut in (1, len(record) - 2, len(record) - 1):  # inside the last record
+        path = tmp_path / f"cut-{cut}.dat"
+        path.write_bytes(whole[:-cut])
+        with pytest.raises(DataError, match=f"truncated Atheros record at byte {2 * len(record)}"):
+            read_capture(path, "atheros")
+    path = tmp_path / "tail.dat"
+    path.write_bytes(whole + b"\x00")  # one stray byte: not even a record length
+    with pytest.raises(DataError, match=f"at byte {3 * len(record)}") as info:
+        read_capture(path, "atheros")
+    assert info.value.path == str(path)
+
+
+@pytest.mark.shared_data
+def test_truncated_atheros_file_names_the_path_and_offset(tmp_path):
+    data = require_shared("csi-samples", "atheros", "ath_csi_1.dat").read_bytes()
+    starts, pos = [], 0  # record offsets: each record is a 2-byte length + that many bytes
+    while pos < len(data):
+        starts.append(pos)
+        pos += 2 + int.from_bytes(data[pos : pos + 2], "little")
+    assert pos == len(data) and len(starts) == 401
+    for cut, record in ((100, starts[-1]), (len(data) - starts[10] - 40, starts[10])):
+        path = tmp_path / f"cut-{cut}.dat"
+        path.write_bytes(data[:-cut])
+        with pytest.raises(DataError) as info:
+            read_capture(path, "atheros")
+        assert info.value.path == str(path)
+        assert f"truncated Atheros record at byte {record}:" in str(info.value)
 
 
 def test_esp32_bad_rows_name_the_line(tmp_path):

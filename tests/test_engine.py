@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from inprocess import RUN, Federation
 
 from mqttfl.algorithms import get_algorithm
 from mqttfl.algorithms.base import Algorithm, Downlinks, Upload
@@ -16,8 +17,6 @@ from mqttfl.runtime.engine import RECONNECT_GRACE_S, WILL_SETTLE_S, Announce, Ph
 from mqttfl.runtime.state import RunState
 from mqttfl.wire.codec import pack_data, unpack_data
 from mqttfl.wire.control import Metrics, read_downlink
-
-from inprocess import RUN, Federation
 
 
 def closed_at(fed: Federation, t: int) -> float:

@@ -30,12 +30,12 @@ from mqttfl.algorithms.base import ClientInfo, Context
 from mqttfl.algorithms.fedapa import FedAPAParams
 from mqttfl.config import load_config
 from mqttfl.errors import RejectedUpload, WireError
-from mqttfl.wire.control import Offline, Online
 from mqttfl.runtime.coordinator import Coordinator
 from mqttfl.runtime.gate import UploadGate
 from mqttfl.runtime.transport import BrokerAddress, Incoming
 from mqttfl.wire import Message, decode, encode
 from mqttfl.wire.codec import ARRAY_EXT
+from mqttfl.wire.control import Offline, Online
 
 CTX = Context(num_classes=21, embed_dim=8, rounds=5, seed=0, params=FedAPAParams())
 SCENE = Scene(
@@ -392,9 +392,7 @@ def test_a_status_the_method_cannot_serve_is_rejected_not_fatal(tmp_path: Path) 
     coordinator = Coordinator(config, BrokerAddress.parse("mqtt://127.0.0.1:1"), tmp_path)
     bogus = ClientInfo("v", "no-such-model", (0,), 40, (24, 52))
     with pytest.raises(WireError):
-        coordinator._handle(
-            Incoming("mqttfl/run/status/v", Online(bogus).encode("run"))
-        )
+        coordinator._handle(Incoming("mqttfl/run/status/v", Online(bogus).encode("run")))
     assert "v" not in coordinator.clients
 
 
@@ -450,17 +448,13 @@ def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -
         info = {c: ClientInfo(c, "tiny", scene.classes, 96, (24, 242)) for c in ("h1", "h2", "h3")}
         try:
             for cid in ("h1", "h3"):  # h3 holds the round open until the 'after' shots are in
-                actor.publish(
-                    f"{base}/status/{cid}", Online(info[cid]).encode(RUN_ID), retain=True
-                )
+                actor.publish(f"{base}/status/{cid}", Online(info[cid]).encode(RUN_ID), retain=True)
             fed.start_coordinator()
             fed.start_client("0")
             fed.start_client("1")
             start = fed.wait_round_started(1, timeout=120)
             assert {"h1", "h3"} <= set(start["selected"])
-            actor.publish(
-                f"{base}/status/h2", Online(info["h2"]).encode(RUN_ID), retain=True
-            )
+            actor.publish(f"{base}/status/h2", Online(info["h2"]).encode(RUN_ID), retain=True)
             fed.wait_for(
                 lambda: fed.events(event="client.online")[-1]["client"] == "h2",
                 timeout=20,

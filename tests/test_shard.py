@@ -55,7 +55,7 @@ def test_failed_save_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.M
         raise OSError("disk full")
 
     monkeypatch.setattr(shard_mod, "_write_meta", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(DataError, match="c0: cannot write: disk full"):
         save_shard(make_shard(), tmp_path / "c0")
     assert list(tmp_path.iterdir()) == []
 
@@ -69,7 +69,7 @@ def test_failed_overwrite_keeps_the_old_shard(
         raise OSError("disk full")
 
     monkeypatch.setattr(shard_mod, "_write_arrays", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(DataError):
         save_shard(make_shard(n_train=5), tmp_path / "c0")
     assert load_shard(tmp_path / "c0").num_train == 12
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c0"]

@@ -16,7 +16,6 @@ from mqttfl.errors import WireError
 from mqttfl.wire import Message, Topics, encode
 from mqttfl.wire.control import (
     Ack,
-    Downlink,
     Metrics,
     Offline,
     Online,

@@ -45,13 +45,16 @@ class FedCaringServer(ServerSide):
         p: FedCaringParams = self.ctx.params
         groups: dict[str, dict[str, float]] = {}
         for upload in uploads:
-            performance = float(upload.body["local_accuracy"])
-            groups.setdefault(group_key(upload.info), {})[upload.client_id] = performance
+            accuracy = float(upload.body["local_accuracy"])
+            groups.setdefault(group_key(upload.info), {})[upload.client_id] = accuracy
         weights: dict[str, float] = {}
-        for performance in groups.values():
+        for group_accuracy in groups.values():
             weights.update(
                 caring_weights(
-                    performance, high=p.caring_high, low=p.caring_low, threshold=p.caring_threshold
+                    group_accuracy,
+                    high=p.caring_high,
+                    low=p.caring_low,
+                    threshold=p.caring_threshold,
                 )
             )
         return Downlinks(broadcast={"weights": average_by_group(uploads, weights)})

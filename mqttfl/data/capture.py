@@ -173,11 +173,17 @@ def _load_atheros(path: Path) -> Capture:
     import csiread
 
     data = read_capture_bytes(path)
+    truncated: DataError | None = None
     for endian in ("little", "big"):
-        walked = walk_atheros(path, data, endian)
+        try:
+            walked = walk_atheros(path, data, endian)
+        except DataError as exc:  # truncated in this byte order; the other may fit whole
+            truncated, walked = truncated or exc, None
         if walked is not None:
             break
     else:
+        if truncated is not None:
+            raise truncated
         raise not_format_error(
             path, "atheros", "record lengths do not match the Atheros CSI Tool log"
         )
@@ -343,7 +349,8 @@ def _load_npz(path: Path) -> Capture:
     else:
         raise DataError(path, f"csi_data has unsupported dtype {raw.dtype}")
     csi = checked_csi(path, csi, "npz")
-    index, phy, invalid = None, None, ()
+    index, phy = None, None
+    invalid: tuple[int, ...] = ()
     if kind == "esp-iq" and csi.shape[1] == 64:
         if chip in ESP_CENTRED_CHIPS:
             csi = np.ascontiguousarray(np.fft.ifftshift(csi, axes=1))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -119,18 +120,27 @@ _ATH_HEADER = 25
 
 
 def walk_atheros(path: Path, data: bytes, endian: str) -> tuple[int, int, int, int] | None:
-    """Return (records with CSI, max nr, max nc, tones) or None if not this layout."""
+    """Return (records with CSI, max nr, max nc, tones) or None if not this layout.
+
+    A file whose records match the layout but whose last record is cut short (a
+    capture copied while it was written, a partial download) raises :class:`DataError`
+    naming the byte offset of that record: csiread would silently drop it.
+    """
     pos, n, size = 0, 0, len(data)
     max_nr = max_nc = 0
     tones_seen: set[int] = set()
-    order = "little" if endian == "little" else "big"
+    order: Literal["little", "big"] = "little" if endian == "little" else "big"
     while pos + 2 <= size:
         field_len = int.from_bytes(data[pos : pos + 2], order)
         end = pos + 2 + field_len
         if end > size:
             if n == 0:
                 return None
-            break  # truncated tail
+            raise DataError(
+                path,
+                f"truncated Atheros record at byte {pos}: it declares {field_len} bytes "
+                f"after its 2-byte length, the file ends {size - pos - 2} bytes later",
+            )
         if field_len < _ATH_HEADER:
             return None
         h = data[pos + 2 : pos + 2 + _ATH_HEADER]
@@ -150,6 +160,8 @@ def walk_atheros(path: Path, data: bytes, endian: str) -> tuple[int, int, int, i
         pos = end
     if n == 0 or len(tones_seen) != 1:
         return None
+    if pos != size:  # a single byte left: not even a record length
+        raise DataError(path, f"truncated Atheros record at byte {pos}: 1 byte, no length")
     return n, max_nr, max_nc, tones_seen.pop()
 
 

@@ -174,12 +174,12 @@ def espectre_shard(
         start = int(rec["motion_start"])
         if not 0 < start < len(rows):
             raise DataError(rec["path"], f"motion start {start} is outside the {len(rows)} packets")
-        counts = []
+        per_label: list[int] = []
         for label, (lo, hi) in enumerate(((0, start), (start, len(rows)))):
             starts = window_starts(hi - lo, window, stride) + lo
             x_te.append(gather_windows(rows, starts, window))
             y_te.append(np.full(len(starts), label, dtype=np.int64))
-            counts.append(len(starts))
+            per_label.append(len(starts))
         files.append(
             {
                 "path": str(rec["path"]),
@@ -187,8 +187,8 @@ def espectre_shard(
                 "packets": len(rows),
                 "motion_start": start,
                 "train": 0,
-                "test": sum(counts),
-                "test_per_label": {"quiet": counts[0], "movement": counts[1]},
+                "test": sum(per_label),
+                "test_per_label": {"quiet": per_label[0], "movement": per_label[1]},
             }
         )
 
@@ -204,7 +204,7 @@ def espectre_shard(
         x_train, x_test = norm.apply(x_train), norm.apply(x_test)
     assert selection is not None
 
-    def counts(y: np.ndarray) -> dict[str, int]:
+    def label_counts(y: np.ndarray) -> dict[str, int]:
         return {CLASSES[i]: int((y == i).sum()) for i in range(len(CLASSES))}
 
     meta = {
@@ -221,7 +221,7 @@ def espectre_shard(
         "subcarriers": selection.to_meta(),
         "source_files": [f["path"] for f in files],
         "files": files,
-        "label_counts": {"train": counts(y_train), "test": counts(y_test)},
+        "label_counts": {"train": label_counts(y_train), "test": label_counts(y_test)},
         "split": {
             "method": "held-out test recording" if heldout else "time",
             "test_fraction": 0.0 if heldout else test_fraction,

@@ -120,11 +120,15 @@ def replace_directory(directory: Path, write: Callable[[Path], None]) -> None:
     """Fill a temporary sibling with ``write(tmp)``, then rename it to ``directory``.
 
     A crash never leaves a half-written directory, and an existing one is replaced only
-    once the new one is complete (and put back if the swap fails).
+    once the new one is complete (and put back if the swap fails).  Raises
+    :class:`DataError` naming ``directory`` if it cannot be written.
     """
     directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    except OSError as exc:
+        raise DataError(directory, f"cannot create the directory: {exc.strerror or exc}") from None
     old: Path | None = None
     try:
         write(tmp)
@@ -134,10 +138,12 @@ def replace_directory(directory: Path, write: Callable[[Path], None]) -> None:
             os.rmdir(old)
             os.rename(directory, old)
         os.rename(tmp, directory)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and not directory.exists():
             os.rename(old, directory)  # put the previous one back
+        if isinstance(exc, OSError):
+            raise DataError(directory, f"cannot write: {exc.strerror or exc}") from exc
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
@@ -197,7 +203,9 @@ def load_shard(directory: Path) -> Shard:
         raise DataError(directory, "shard directory not found")
     arrays = _read_arrays(directory / ARRAYS_FILE)
     meta = _read_meta(directory / META_FILE)
-    problem = _problem(*(arrays[key] for key in _ARRAY_KEYS), meta)
+    problem = _problem(
+        arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"], meta
+    )
     if problem is not None:
         raise DataError(directory / ARRAYS_FILE, problem)
     return Shard(**arrays, meta=meta)

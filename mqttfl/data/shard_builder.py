@@ -41,6 +41,7 @@ from mqttfl.data.preprocess import (
 )
 from mqttfl.data.shard import Shard, replace_directory, save_shard
 from mqttfl.errors import DataError
+from mqttfl.paths import creation_problem
 
 GROUPINGS: tuple[str, ...] = ("all", "file", "dir", "device")
 DEFAULT_WINDOW = 1000  # FedAPA Sec. VI-B
@@ -89,7 +90,12 @@ def _read_recording(
             {},
         )
     cap: Capture = load_capture(path, fmt, nexmon_chip=nexmon_chip, nexmon_bw=nexmon_bw)
-    chosen = list(range(cap.num_subcarriers)) if subcarriers == "all" else subcarriers
+    if isinstance(subcarriers, str):
+        if subcarriers != "all":
+            raise ValueError(f"subcarriers must be 'all', None or positions, not {subcarriers!r}")
+        chosen: Sequence[int] | None = list(range(cap.num_subcarriers))
+    else:
+        chosen = subcarriers
     rows, sel = capture_features(cap, subcarriers=chosen, drop_pilots=drop_pilots, phase=phase)
     shape = tuple(int(d) for d in cap.csi.shape[1:])
     text = f"{shape[0]} subcarriers" + (
@@ -283,6 +289,9 @@ def _group(recordings: list[_Recording], group_by: str) -> list[list[_Recording]
 def _check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise DataError(out, "exists and is not a directory")
+    problem = creation_problem(out)
+    if problem is not None:
+        raise DataError(out, f"cannot create the directory: {problem}")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise DataError(out, "already exists and is not empty (pass --force to replace it)")
 

@@ -15,10 +15,65 @@ def shared_data_root(data: DataConfig) -> Path:
     return Path(data.path or os.environ.get("MQTTFL_SHARED_DATA") or "../shared/data")
 
 
+#: The sources that pick a client's data by its number (client 3 gets room, partition or
+#: chip 3); only ``shards`` (a ``client-<id>/`` directory per client) takes any id.
+NUMBERED_SOURCES = frozenset({"synthetic", "espectre", "digits", "mnist"})
+
+
+def _is_number(client_id: str) -> bool:
+    return client_id.isascii() and client_id.isdigit()
+
+
 def client_index(client_id: str) -> int:
-    if not client_id.isdigit():
+    if not _is_number(client_id):
         raise ConfigError("client id", f"{client_id!r} must be a number for generated datasets")
     return int(client_id)
+
+
+def client_id_problem(data: DataConfig, client_id: str, *, num_clients: int) -> str | None:
+    """Why client ``client_id`` could get no data from ``data.source``, or None.
+
+    Checked up front (``broker init --config``) so that a bad id fails at once rather
+    than when that client starts.
+    """
+    if data.source not in NUMBERED_SOURCES:
+        return None
+    if not _is_number(client_id):
+        return (
+            f"client id {client_id!r} is not a number, and data.source {data.source!r} "
+            "picks a client's data by its number (use ids 0, 1, ... or data.source 'shards')"
+        )
+    index = int(client_id)
+    if data.source in ("digits", "mnist") and index >= num_clients:
+        return (
+            f"client id {client_id!r}: data.source {data.source!r} partitions the data into "
+            f"federation.num_clients = {num_clients} parts, numbered 0-{num_clients - 1}"
+        )
+    if data.source == "espectre":
+        from mqttfl.data.espectre import ESPECTRE_CHIPS
+
+        if index >= len(ESPECTRE_CHIPS):
+            return (
+                f"client id {client_id!r}: ESPectre has {len(ESPECTRE_CHIPS)} clients "
+                f"(0-{len(ESPECTRE_CHIPS) - 1})"
+            )
+    return None
+
+
+def shard_directory(data: DataConfig, client_id: str) -> Path:
+    """``data.path/client-<id>/`` of the 'shards' source; an error naming what is missing."""
+    if not data.path:
+        raise ConfigError(
+            "data.path", "the 'shards' source needs a directory of client-<id>/ shards"
+        )
+    if not Path(data.path).is_dir():
+        raise ConfigError("data.path", f"{data.path} is not a directory")
+    directory = Path(data.path) / f"client-{client_id}"
+    if not directory.is_dir():
+        raise DataError(
+            directory, "no shard for this client (expected client-<id>/ under data.path)"
+        )
+    return directory
 
 
 def load_client_shard(
@@ -45,16 +100,7 @@ def load_client_shard(
             test_fraction=data.test_fraction,
         )
     if data.source == "shards":
-        if not data.path:
-            raise ConfigError(
-                "data.path", "the 'shards' source needs a directory of client-<id>/ shards"
-            )
-        directory = Path(data.path) / f"client-{client_id}"
-        if not directory.is_dir():
-            raise DataError(
-                directory, "no shard for this client (expected client-<id>/ under data.path)"
-            )
-        return load_shard(directory)
+        return load_shard(shard_directory(data, client_id))
     if data.source == "espectre":
         from mqttfl.data.espectre import espectre_shard
 

@@ -116,7 +116,7 @@ def _label_probs(rng: np.random.Generator, num_classes: int) -> np.ndarray:
     """A skewed count distribution over a contiguous ~50-70 % of the counts (Fig. 4)."""
     lo_w = max(1, round(0.48 * num_classes))
     hi_w = max(lo_w, round(0.72 * num_classes))
-    width = int(min(num_classes, rng.integers(lo_w, hi_w + 1)))
+    width = min(num_classes, int(rng.integers(lo_w, hi_w + 1)))
     lo = int(rng.integers(0, num_classes - width + 1))
     counts = np.arange(lo, lo + width)
     centre = rng.uniform(lo, lo + width - 1)

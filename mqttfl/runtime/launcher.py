@@ -1,8 +1,10 @@
 """`mqttfl run`: a local broker, the coordinator and one OS process per client.
 
-Everything started here is torn down on success, failure or Ctrl-C: children run in
-their own sessions and are terminated (then killed) by us, and each child also exits by
-itself if this process disappears (MQTTFL_PARENT_PID).
+Everything started here is torn down on success, failure, Ctrl-C or SIGTERM: children
+run in their own sessions and are terminated (then killed) by us, and each child also
+exits by itself if this process disappears (MQTTFL_PARENT_PID).  If every client exits
+while the coordinator still runs (a bad shard makes each one fail at start), the run
+stops with an error instead of waiting for clients that will never come.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from mqttfl.config import RunConfig
@@ -23,6 +29,26 @@ from mqttfl.logs import get_logger
 from mqttfl.runtime.broker import LocalBroker
 
 CHILD_GRACE_S = 30.0
+POLL_S = 0.2
+
+
+@contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """Turn SIGTERM into ``SystemExit(143)`` while the federation runs, so that the
+    ``finally`` blocks stop the children and the broker as they do on Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the cleanup
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def default_out_dir(config: RunConfig) -> Path:
@@ -80,10 +106,25 @@ class LocalFederation:
         )
 
     def run(self) -> dict[str, Any]:
+        with _sigterm_as_exit():
+            return self._run()
+
+    def _check_local_data(self) -> None:
+        """Shards named by the config must be here: every client runs on this machine."""
+        if self.config.data.source == "shards":
+            from mqttfl.data.sources import shard_directory
+
+            for index in range(self.config.federation.num_clients):
+                shard_directory(self.config.data, str(index))
+
+    def _run(self) -> dict[str, Any]:
+        self._check_local_data()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         try:
             if self.broker_url is None:
-                self.broker = LocalBroker(self.out_dir / "broker").start()
+                # Kept before start(): a signal during the start still stops it in shutdown().
+                self.broker = LocalBroker(self.out_dir / "broker")
+                self.broker.start()
                 self.broker_url = self.broker.url
                 self.log.info("broker.started", url=self.broker_url)
             self._spawn(
@@ -99,17 +140,46 @@ class LocalFederation:
                     f"the coordinator failed (exit {code}); see {self.out_dir / 'logs'}"
                 )
             self._wait_clients(CHILD_GRACE_S)
-            return json.loads((self.out_dir / "summary.json").read_text())  # type: ignore[no-any-return]
+            summary: dict[str, Any] = json.loads((self.out_dir / "summary.json").read_text())
+            return summary
         finally:
             self.shutdown()
 
     def _wait_coordinator(self) -> int:
+        """The coordinator's exit code; raise MqttflError if the clients are all gone.
+
+        Clients that all failed (none exited 0) end the wait at once.  Clients that all
+        finished normally leave the coordinator ``final_metrics_timeout_s`` plus
+        ``CHILD_GRACE_S`` to write its summary and exit.
+        """
         coordinator = self.children["coordinator"]
+        grace = self.config.federation.final_metrics_timeout_s + CHILD_GRACE_S
+        all_gone_since: float | None = None
         while True:
             code = coordinator.poll()
             if code is not None:
                 return code
-            time.sleep(0.2)
+            codes = {
+                name: child.poll()
+                for name, child in self.children.items()
+                if name.startswith("client-")
+            }
+            if codes and None not in codes.values():
+                logs = self.out_dir / "logs"
+                if 0 not in codes.values():
+                    self.log.error("clients.all_exited", exit_codes=codes)
+                    raise MqttflError(
+                        f"every client exited ({_describe_exits(codes)}) while the "
+                        f"coordinator was still running; see their logs in {logs}"
+                    )
+                all_gone_since = all_gone_since or time.monotonic()
+                if time.monotonic() - all_gone_since > grace:
+                    self.log.error("coordinator.lingering", exit_codes=codes)
+                    raise MqttflError(
+                        f"every client exited, and the coordinator was still running "
+                        f"{grace:.0f} s later; see {logs}"
+                    )
+            time.sleep(POLL_S)
 
     def _wait_clients(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -133,6 +203,15 @@ class LocalFederation:
                 child.wait()
         if self.broker is not None:
             self.broker.stop()
+
+
+def _describe_exits(codes: dict[str, int | None]) -> str:
+    """``exit 2: client-0, client-1; killed by signal 9: client-2``."""
+    groups: dict[str, list[str]] = {}
+    for name, code in codes.items():
+        what = f"killed by signal {-code}" if code is not None and code < 0 else f"exit {code}"
+        groups.setdefault(what, []).append(name)
+    return "; ".join(f"{what}: {', '.join(names)}" for what, names in groups.items())
 
 
 def _signal_group(child: subprocess.Popen[bytes], sig: int) -> None:

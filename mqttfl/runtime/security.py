@@ -26,8 +26,10 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mqttfl.errors import BrokerError, MqttflError
+from mqttfl.paths import make_dir
 from mqttfl.wire import BROADCAST, check_id
 from mqttfl.wire.control import COORDINATOR
 
@@ -68,11 +70,11 @@ class BrokerSetup:
 def client_ids(*, clients: int | None = None, ids: str | None = None) -> list[str]:
     if (clients is None) == (ids is None):
         raise MqttflError("give exactly one of --clients N or --ids a,b,c")
-    names = (
-        [str(i) for i in range(clients)]
-        if clients is not None
-        else [s.strip() for s in ids.split(",")]
-    )  # type: ignore[union-attr]
+    if clients is not None:
+        names = [str(i) for i in range(clients)]
+    else:
+        assert ids is not None
+        names = [s.strip() for s in ids.split(",")]
     if not names or (clients is not None and clients < 1):
         raise MqttflError("at least one client identity is needed")
     for name in names:
@@ -289,15 +291,18 @@ def init_broker(
     max_packet_bytes: int = DEFAULT_MAX_PACKET,
     force: bool = False,
 ) -> BrokerSetup:
+    if port is not None and not 1 <= port <= 65535:
+        raise MqttflError(f"--port {port} is not a port number in 1-65535")
+    if port is None:
+        port = 8883 if tls else 1883
+    if max_packet_bytes < 1024:
+        raise MqttflError("--max-packet-bytes must be at least 1024")
     out = out.resolve()
     if (out / "passwd").exists() and not force:
         raise MqttflError(
             f"{out} already holds a broker setup; pass --force to replace its credentials"
         )
-    if max_packet_bytes < 1024:
-        raise MqttflError("--max-packet-bytes must be at least 1024")
-    port = port or (8883 if tls else 1883)
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out, what="--out")
     (out / "data").mkdir(exist_ok=True)
     passwords = {
         COORDINATOR: secrets.token_urlsafe(24),
@@ -332,7 +337,7 @@ def read_env_file(path: Path) -> dict[str, str]:
 
 
 # --- command line -------------------------------------------------------------------
-def add_broker_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_broker_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     broker = subparsers.add_parser("broker", help="set up a secured Mosquitto for a deployment")
     commands = broker.add_subparsers(dest="broker_command", required=True)
     init = commands.add_parser(
@@ -342,6 +347,13 @@ def add_broker_commands(subparsers: argparse._SubParsersAction) -> None:  # type
     who.add_argument("--clients", type=int, help="client identities 0..N-1")
     who.add_argument("--ids", help="client identities, comma-separated")
     init.add_argument("--out", type=Path, required=True, help="directory for the broker files")
+    init.add_argument(
+        "--config",
+        help="run config the clients will use: refuse ids its data source cannot serve "
+        "(synthetic, espectre, digits and mnist pick a client's data by its number, so "
+        "they need ids 0, 1, ...; only data.source = 'shards' takes names). Without it "
+        "the ids are not checked against any config",
+    )
     init.add_argument("--run-id", help="limit the ACL to this run (default: any run)")
     init.add_argument("--port", type=int, help="listener port (default 1883, or 8883 with --tls)")
     init.add_argument(
@@ -366,12 +378,27 @@ def add_broker_commands(subparsers: argparse._SubParsersAction) -> None:  # type
     init.set_defaults(func=cmd_broker_init)
 
 
+def check_ids_for_config(clients: list[str], config_path: str) -> None:
+    """Refuse client ids the run config's data source cannot give data to."""
+    from mqttfl.config import load_config
+    from mqttfl.data.sources import client_id_problem
+
+    config = load_config(config_path)
+    for client in clients:
+        problem = client_id_problem(config.data, client, num_clients=config.federation.num_clients)
+        if problem is not None:
+            raise MqttflError(f"{config_path}: {problem}")
+
+
 def cmd_broker_init(args: argparse.Namespace) -> int:
     import sys
 
+    clients = client_ids(clients=args.clients, ids=args.ids)
+    if args.config:
+        check_ids_for_config(clients, args.config)
     setup = init_broker(
         args.out,
-        client_ids(clients=args.clients, ids=args.ids),
+        clients,
         run_id=args.run_id,
         port=args.port,
         bind=args.bind,
@@ -387,4 +414,10 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
         f"mqttfl coordinator --broker {setup.url} ...\n"
         "  each client sources its own credentials/<id>.env; keep those files private\n"
     )
+    named = [c for c in clients if not (c.isascii() and c.isdigit())]
+    if named and not args.config:
+        sys.stdout.write(
+            f"  note: ids {', '.join(named)} are not numbers: only runs with "
+            "data.source = 'shards' can use them (--config CONFIG checks a config)\n"
+        )
     return 0

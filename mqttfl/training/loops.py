@@ -9,10 +9,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from mqttfl.training.metrics import classification_report
-
 if TYPE_CHECKING:
     from mqttfl.config import TrainConfig
+    from mqttfl.models.base import EmbeddingModel
 
 # loss(logits, embedding, labels) -> scalar tensor
 LossFn = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -64,7 +63,7 @@ def train_epochs(
 
 
 @torch.no_grad()
-def embed_all(model: nn.Module, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+def embed_all(model: EmbeddingModel, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
     """Embeddings r(h) of every sample, in eval mode (Eq. 4 averages these)."""
     model.eval()
     parts = [model.embed(xb) for xb, _ in batches(x, np.zeros(len(x)), batch_size, None)]
@@ -90,7 +89,3 @@ def class_prototypes(
     np.add.at(sums, inverse, embeddings)
     protos = (sums / counts[:, None]).astype(np.float32)
     return classes.astype(np.int64), protos, counts.astype(np.int64)
-
-
-def evaluate(predicted: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    return classification_report(y, predicted)

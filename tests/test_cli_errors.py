@@ -1,0 +1,197 @@
+"""Bad command lines: one `mqttfl: error: ...` line on stderr, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import mqttfl
+
+from mqttfl import cli
+from mqttfl.errors import ConfigError, MqttflError
+
+CONFIG = "configs/fedapa-csi.toml"
+
+
+def assert_one_line(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("mqttfl: error: "), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    for needle in needles:
+        assert needle in result.stderr
+
+
+@pytest.fixture
+def blocked(tmp_path: Path) -> Path:
+    """A directory that cannot be created, even by root: a regular file is in the way."""
+    (tmp_path / "file").write_text("not a directory\n")
+    return tmp_path / "file" / "sub"
+
+
+BAD_URLS = [
+    ("mqtt://[::1", "malformed URL"),
+    ("ftp://x", "scheme must be mqtt or mqtts"),
+    ("mqtt://127.0.0.1:99999", "port '99999' is not a number in 1-65535"),
+    ("mqtt://127.0.0.1:0", "port 0 is not in 1-65535"),
+    ("mqtt://no-such-host.invalid:1883", "cannot resolve host 'no-such-host.invalid'"),
+]
+
+
+@pytest.mark.parametrize(("url", "reason"), BAD_URLS)
+def test_bad_broker_url_names_it(url: str, reason: str) -> None:
+    with pytest.raises(MqttflError, match=reason) as info:
+        cli._broker_url(url)
+    assert f"--broker {url!r}" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("localhost", "mqtt://localhost:1883"),
+        ("mqtts://127.0.0.1", "mqtts://127.0.0.1:8883"),
+        ("mqtt://[::1]:1884", "mqtt://[::1]:1884"),
+    ],
+)
+def test_good_broker_url_is_normalised(url: str, expected: str) -> None:
+    assert cli._broker_url(url) == expected
+
+
+@pytest.mark.parametrize(("url", "reason"), BAD_URLS)
+def test_coordinator_with_bad_broker_url(tmp_path: Path, url: str, reason: str) -> None:
+    out = tmp_path / "run"
+    result = mqttfl("coordinator", "--config", CONFIG, "--broker", url, "--out", str(out))
+    assert_one_line(result, url, reason)
+    assert not out.exists()
+
+
+def test_client_with_port_out_of_range() -> None:
+    result = mqttfl("client", "--config", CONFIG, "--id", "0", "--broker", "mqtt://127.0.0.1:99999")
+    assert_one_line(result, "99999")
+
+
+def test_run_checks_the_broker_url_once_before_starting_anything(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = mqttfl("run", CONFIG, "--broker", "mqtt://[::1", "--out", str(out), timeout=60)
+    assert_one_line(result, "mqtt://[::1")
+    assert not out.exists()
+
+
+def test_run_with_unknown_model_fails_at_once(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = mqttfl("run", CONFIG, "--set", "model.name=bogus", "--out", str(out), timeout=60)
+    assert_one_line(result, "config key 'model.name': unknown model 'bogus'; known: tiny")
+    assert not out.exists()
+
+
+def test_unwritable_out_for_run(blocked: Path) -> None:
+    assert_one_line(mqttfl("run", CONFIG, "--out", str(blocked), timeout=60), str(blocked))
+
+
+def test_unwritable_out_for_coordinator(blocked: Path) -> None:
+    result = mqttfl(
+        "coordinator",
+        "--config",
+        CONFIG,
+        "--broker",
+        "mqtt://127.0.0.1:1883",
+        "--out",
+        str(blocked),
+    )
+    assert_one_line(result, str(blocked), "is not a directory")
+
+
+def test_unwritable_out_for_data_prepare(tmp_path: Path, blocked: Path) -> None:
+    csv = tmp_path / "a.csv"
+    csv.write_text("t,a,b\n" + "".join(f"{i},{i},{i}\n" for i in range(40)))
+    result = mqttfl(
+        "data",
+        "prepare",
+        "--format",
+        "csv",
+        "--input",
+        str(csv),
+        "--label",
+        "walk",
+        "--out",
+        str(blocked),
+        "--window",
+        "10",
+    )
+    assert_one_line(result, str(blocked), "is not a directory")
+
+
+def test_unwritable_out_for_broker_init(blocked: Path) -> None:
+    result = mqttfl("broker", "init", "--clients", "2", "--out", str(blocked))
+    assert_one_line(result, str(blocked), "is not a directory")
+
+
+@pytest.mark.parametrize("port", ["0", "65536"])
+def test_broker_init_port_out_of_range(tmp_path: Path, port: str) -> None:
+    out = tmp_path / "broker"
+    result = mqttfl("broker", "init", "--clients", "2", "--port", port, "--out", str(out))
+    assert_one_line(result, f"--port {port}", "1-65535")
+    assert not out.exists()
+
+
+def test_broker_init_refuses_names_for_a_numbered_data_source(tmp_path: Path) -> None:
+    out = tmp_path / "broker"
+    result = mqttfl("broker", "init", "--ids", "a,b,c", "--config", CONFIG, "--out", str(out))
+    assert_one_line(result, "client id 'a' is not a number", "'synthetic'", CONFIG)
+    assert not out.exists()
+
+
+def test_broker_init_without_config_accepts_names_and_says_what_they_need(
+    tmp_path: Path,
+) -> None:
+    result = mqttfl("broker", "init", "--ids", "a,b", "--out", str(tmp_path / "broker"))
+    assert result.returncode == 0, result.stderr
+    assert "note: ids a, b are not numbers" in result.stdout and "'shards'" in result.stdout
+
+
+def test_broker_init_refuses_ids_beyond_espectre_chips(tmp_path: Path) -> None:
+    out = tmp_path / "broker"
+    config = "configs/presence-espectre.toml"
+    result = mqttfl("broker", "init", "--clients", "6", "--config", config, "--out", str(out))
+    assert_one_line(result, "client id '5'", "ESPectre has 5 clients")
+
+
+def test_first_mqttfl_error_is_found_in_nested_groups() -> None:
+    inner = ConfigError("model.name", "unknown model 'x'")
+    group = ExceptionGroup(
+        "outer", [ValueError("noise"), ExceptionGroup("inner", [KeyError("k"), inner])]
+    )
+    assert cli.first_mqttfl_error(group) is inner
+    assert cli.first_mqttfl_error(ExceptionGroup("none", [ValueError("v")])) is None
+
+
+def _fail_in_task_group(error: BaseException) -> None:
+    async def fail() -> None:
+        raise error
+
+    async def main() -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(fail())
+            group.create_task(asyncio.sleep(10))
+
+    asyncio.run(main())
+
+
+def test_main_unwraps_a_task_group(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def cmd(args: object) -> int:
+        _fail_in_task_group(MqttflError("broker unreachable: mqtt://127.0.0.1:1"))
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_models", cmd)
+    assert cli.main(["models"]) == 2
+    assert capsys.readouterr().err == "mqttfl: error: broker unreachable: mqtt://127.0.0.1:1\n"
+
+
+def test_main_reraises_a_group_without_a_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "cmd_models", lambda args: _fail_in_task_group(RuntimeError("bug")))
+    with pytest.raises(ExceptionGroup) as info:
+        cli.main(["models"])
+    assert isinstance(info.value.exceptions[0], RuntimeError)

@@ -1,0 +1,125 @@
+"""`mqttfl run` stops everything it started: when its clients all die, and on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import FAST, REPO, mqttfl
+
+pytestmark = pytest.mark.slow
+
+SMALL = [
+    *FAST,
+    "federation.num_clients=2",
+    "federation.min_clients=2",
+    "rounds=50",
+]
+
+
+def _sets(items: list[str]) -> list[str]:
+    return [arg for item in items for arg in ("--set", item)]
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes naming ``text`` (the broker's names its run dir)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmdline and state != "Z":
+            found.append(cmdline)
+    return found
+
+
+def test_missing_shards_directory_fails_before_starting_anything(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = mqttfl(
+        "run",
+        "configs/fedapa-csi.toml",
+        "--out",
+        str(out),
+        *_sets([*SMALL, "data.source=shards", "data.path=/nonexistent"]),
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        "mqttfl: error: config key 'data.path': /nonexistent is not a directory\n"
+    )
+    assert not (out / "broker").exists()
+    assert _processes_mentioning(str(out)) == []
+
+
+def test_every_client_failing_ends_the_run(tmp_path: Path) -> None:
+    # client-<id>/ directories exist (the launcher's check passes) but hold no shard:
+    # each client fails as it starts, and the coordinator would wait for them.
+    shards = tmp_path / "shards"
+    for index in range(2):
+        (shards / f"client-{index}").mkdir(parents=True)
+    out = tmp_path / "run"
+    started = time.monotonic()
+    result = mqttfl(
+        "run",
+        "configs/fedapa-csi.toml",
+        "--out",
+        str(out),
+        *_sets([*SMALL, "data.source=shards", f"data.path={shards}"]),
+        timeout=120,
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("mqttfl: error: every client exited (exit 2: client-0, client-1)")
+    assert str(out / "logs") in last
+    assert elapsed < 60  # the join timeout alone would be 60 s
+    assert _processes_mentioning(str(out)) == []
+
+
+def test_sigterm_tears_everything_down(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mqttfl",
+            "run",
+            "configs/fedapa-csi.toml",
+            "--out",
+            str(out),
+            *_sets(SMALL),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    try:
+        log = out / "logs" / "coordinator.jsonl"
+        deadline = time.monotonic() + 60
+        # the clients have joined and the first round runs
+        while time.monotonic() < deadline and not (
+            log.exists() and "round.started" in log.read_text()
+        ):
+            time.sleep(0.2)
+        running = _processes_mentioning(str(out))
+        assert any("mosquitto" in cmd for cmd in running), running
+        assert len(running) >= 4, running
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr.decode()
+    assert "Traceback" not in stderr.decode()
+    assert _processes_mentioning(str(out)) == []
