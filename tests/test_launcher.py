@@ -1,8 +1,10 @@
-"""`mqttfl run` stops everything it started: when its clients all die, and on SIGTERM."""
+"""`mqttfl run` stops everything it started: when its clients all die, and on SIGTERM; its
+local broker takes only the run's own generated identities."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -114,6 +116,17 @@ def test_sigterm_tears_everything_down(tmp_path: Path) -> None:
         running = _processes_mentioning(str(out))
         assert any("mosquitto" in cmd for cmd in running), running
         assert len(running) >= 4, running
+        # The run's own broker takes only this run's generated identities.
+        conf = (out / "broker" / "mosquitto.conf").read_text()
+        port = re.search(r"^listener (\d+)", conf, re.M).group(1)  # type: ignore[union-attr]
+        anonymous = subprocess.run(
+            ["mosquitto_pub", "-p", port, "-t", "mqttfl/fedapa-csi/round/1/start", "-m", "x"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        assert anonymous.returncode != 0 and "not authori" in anonymous.stderr.lower()
+        assert "allow_anonymous false" in conf and (out / "broker" / "acl").exists()
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
     finally:

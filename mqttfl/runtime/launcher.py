@@ -26,7 +26,8 @@ from typing import Any
 from mqttfl.config import RunConfig
 from mqttfl.errors import MqttflError
 from mqttfl.logs import get_logger
-from mqttfl.runtime.broker import LocalBroker
+from mqttfl.runtime.broker import LocalBroker, free_port
+from mqttfl.wire.control import COORDINATOR
 
 CHILD_GRACE_S = 30.0
 POLL_S = 0.2
@@ -75,6 +76,7 @@ class LocalFederation:
         self.coordinator_console = coordinator_console
         self.broker: LocalBroker | None = None
         self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.credentials: dict[str, dict[str, str]] = {}  # per identity, for the local broker
         self.log = get_logger(run_id=config.run_id, client_id="launcher")
 
     def _command(self, role: str, *extra: str) -> list[str]:
@@ -85,9 +87,26 @@ class LocalFederation:
             cmd += ["--set", item]
         return cmd + list(extra)
 
-    def _spawn(self, name: str, cmd: list[str], console_level: str) -> None:
+    def _start_local_broker(self) -> None:
+        """A Mosquitto of this run only, locked like `broker init` does it: generated
+        credentials per identity and an ACL, so nobody else on this machine can drive the
+        run (publish a start, a downlink or another client's upload)."""
+        from mqttfl.runtime.security import init_broker
+
+        ids = [str(index) for index in range(self.config.federation.num_clients)]
+        work = self.out_dir / "broker"
+        setup = init_broker(work, ids, run_id=self.config.run_id, port=free_port(), force=True)
+        self.credentials = {name: setup.env(name) for name in (COORDINATOR, *ids)}
+        # Kept before start(): a signal during the start still stops it in shutdown().
+        self.broker = LocalBroker(work, port=setup.port, conf=setup.conf.read_text())
+        self.broker.start()
+        self.broker_url = self.broker.url
+        self.log.info("broker.started", url=self.broker_url, acl=str(setup.out / "acl"))
+
+    def _spawn(self, name: str, cmd: list[str], console_level: str, identity: str) -> None:
         env = {
             **os.environ,
+            **self.credentials.get(identity, {}),
             "MQTTFL_PARENT_PID": str(os.getpid()),
             "MQTTFL_CONSOLE_LEVEL": console_level,
             "MQTTFL_LOG_DIR": str(self.out_dir / "logs"),
@@ -103,6 +122,7 @@ class LocalFederation:
                 "client", "--id", client_id, "--state-dir", str(self.out_dir / "clients")
             ),
             "warning",
+            client_id,
         )
 
     def run(self) -> dict[str, Any]:
@@ -122,15 +142,12 @@ class LocalFederation:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         try:
             if self.broker_url is None:
-                # Kept before start(): a signal during the start still stops it in shutdown().
-                self.broker = LocalBroker(self.out_dir / "broker")
-                self.broker.start()
-                self.broker_url = self.broker.url
-                self.log.info("broker.started", url=self.broker_url)
+                self._start_local_broker()
             self._spawn(
                 "coordinator",
                 self._command("coordinator", "--out", str(self.out_dir)),
                 self.coordinator_console,
+                COORDINATOR,
             )
             for index in range(self.config.federation.num_clients):
                 self.start_client(str(index))
