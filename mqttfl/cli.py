@@ -12,12 +12,11 @@ import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from mqttfl.compare import add_compare_command
 from mqttfl.config import RunConfig, load_config
 from mqttfl.data.data_cli import add_data_commands
-from mqttfl.errors import MqttflError
+from mqttfl.errors import BrokerError, MqttflError
 from mqttfl.logs import configure_logging
 from mqttfl.paths import make_dir
 from mqttfl.report import add_report_command
@@ -137,33 +136,16 @@ def _resolve(host: str, port: int, *, timeout: float) -> str | None:
 def _broker_url(text: str) -> str:
     """Check a ``--broker`` URL (scheme, host, port 1-65535, the host resolves) and
     return it as ``mqtt[s]://host:port``; raise :class:`MqttflError` naming it otherwise."""
-
-    def bad(reason: str) -> MqttflError:
-        return MqttflError(f"--broker {text!r}: {reason}, e.g. mqtt://127.0.0.1:1883")
+    from mqttfl.runtime.transport import BrokerAddress
 
     try:
-        parts = urlsplit(text if "://" in text else f"mqtt://{text}")
-    except ValueError as exc:  # an unclosed [IPv6 bracket
-        raise bad(f"malformed URL ({exc})") from None
-    try:
-        port = parts.port
-    except ValueError:  # out of 0-65535, or not a number
-        port_text = parts.netloc.rpartition(":")[2]
-        raise bad(f"port {port_text!r} is not a number in 1-65535") from None
-    if parts.scheme not in ("mqtt", "mqtts"):
-        raise bad(f"the scheme must be mqtt or mqtts, not {parts.scheme!r}")
-    host = parts.hostname
-    if not host:
-        raise bad("no host")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise bad("a broker URL has no path, query or fragment")
-    port = port if port is not None else (8883 if parts.scheme == "mqtts" else 1883)
-    if not 1 <= port <= 65535:
-        raise bad(f"port {port} is not in 1-65535")
-    problem = _resolve(host, port, timeout=RESOLVE_TIMEOUT_S)
+        address = BrokerAddress.parse(text)
+    except BrokerError as exc:
+        raise MqttflError(f"--broker {text!r}: {exc}, e.g. mqtt://127.0.0.1:1883") from None
+    problem = _resolve(address.host, address.port, timeout=RESOLVE_TIMEOUT_S)
     if problem is not None:
-        raise MqttflError(f"--broker {text!r}: cannot resolve host {host!r}: {problem}")
-    return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+        raise MqttflError(f"--broker {text!r}: cannot resolve host {address.host!r}: {problem}")
+    return str(address)
 
 
 def _broker(args: argparse.Namespace) -> BrokerAddress:

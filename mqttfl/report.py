@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from mqttfl.errors import MqttflError
+from mqttfl.wire.topics import client_order
 
 METRICS = ("accuracy", "f1", "mae")
 
@@ -226,7 +227,7 @@ def _client_bars(runs: list[RunData], path: Path) -> dict[str, dict[str, float]]
     bars = {m: {c: float(np.mean(v)) for c, v in clients.items()} for m, clients in grouped.items()}
     clients = sorted(
         {c for per in bars.values() for c in per},
-        key=lambda c: (not c.isdigit(), int(c) if c.isdigit() else 0, c),
+        key=client_order,
     )
     figure = Figure(figsize=(max(6.0, 0.9 * len(clients) + 2), 4.2), layout="constrained")
     ax = figure.subplots()

@@ -195,3 +195,26 @@ def test_main_reraises_a_group_without_a_user_error(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ExceptionGroup) as info:
         cli.main(["models"])
     assert isinstance(info.value.exceptions[0], RuntimeError)
+
+
+@pytest.mark.parametrize("role", ["coordinator", "client"])
+def test_an_unreachable_broker_fails_within_connect_timeout_with_one_line(
+    tmp_path: Path, role: str
+) -> None:
+    extra = ["--out", str(tmp_path / "out")] if role == "coordinator" else ["--id", "0"]
+    result = mqttfl(
+        role,
+        "--config",
+        CONFIG,
+        "--broker",
+        "mqtt://127.0.0.1:1",
+        "--set",
+        "broker.connect_timeout_s=2",
+        *extra,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "mqttfl: error: could not connect to mqtt://127.0.0.1:1 within 2s"
+    )

@@ -10,7 +10,6 @@ starts again from the global model, so fine-tuning never leaks into the average.
 from __future__ import annotations
 
 import copy
-import zlib
 from typing import Any
 
 import numpy as np
@@ -21,6 +20,7 @@ from mqttfl.algorithms.base import Algorithm
 from mqttfl.algorithms.fedavg import FedAvgClient, FedAvgServer
 from mqttfl.models import EmbeddingModel
 from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
+from mqttfl.wire.topics import client_number
 
 
 class WiFedParams(BaseModel):
@@ -44,8 +44,7 @@ class WiFedClient(FedAvgClient):
         tuned = copy.deepcopy(self.model)
         epochs = self.ctx.params.finetune_epochs
         if epochs:
-            cid = self.info.client_id
-            key = int(cid) if cid.isdigit() else zlib.crc32(cid.encode())
+            key = client_number(self.info.client_id)
             rng = np.random.default_rng([self.ctx.seed, t, key, 1])
             train_epochs(
                 tuned,

@@ -8,6 +8,7 @@ from pathlib import Path
 from mqttfl.config import DataConfig
 from mqttfl.data.shard import Shard, load_shard
 from mqttfl.errors import ConfigError, DataError
+from mqttfl.wire.topics import is_numeric_id
 
 
 def shared_data_root(data: DataConfig) -> Path:
@@ -20,12 +21,8 @@ def shared_data_root(data: DataConfig) -> Path:
 NUMBERED_SOURCES = frozenset({"synthetic", "espectre", "digits", "mnist"})
 
 
-def _is_number(client_id: str) -> bool:
-    return client_id.isascii() and client_id.isdigit()
-
-
 def client_index(client_id: str) -> int:
-    if not _is_number(client_id):
+    if not is_numeric_id(client_id):
         raise ConfigError("client id", f"{client_id!r} must be a number for generated datasets")
     return int(client_id)
 
@@ -38,7 +35,7 @@ def client_id_problem(data: DataConfig, client_id: str, *, num_clients: int) -> 
     """
     if data.source not in NUMBERED_SOURCES:
         return None
-    if not _is_number(client_id):
+    if not is_numeric_id(client_id):
         return (
             f"client id {client_id!r} is not a number, and data.source {data.source!r} "
             "picks a client's data by its number (use ids 0, 1, ... or data.source 'shards')"

@@ -50,7 +50,7 @@ from mqttfl.wire.control import (
     read_status,
 )
 from mqttfl.wire.schemas import ClientInfo
-from mqttfl.wire.topics import BROADCAST, client_index
+from mqttfl.wire.topics import BROADCAST, client_number
 
 HEAL_INTERVAL_S = 1.0  # at most one re-announcement per second after a forged 'offline'
 
@@ -105,7 +105,7 @@ class ClientRunner:
         torch.set_num_threads(config.train.torch_threads)
         algorithm = get_algorithm(config.method)
         self.ctx = make_context(config)
-        arch = config.model.arch_for(client_index(client_id))
+        arch = config.model.arch_for(client_number(client_id))
         torch.manual_seed(config.seed)  # identical initial weights per architecture
         sample_shape = tuple(int(n) for n in shard.x_train.shape[1:])
         self.model = build_model(
@@ -336,7 +336,7 @@ class ClientRunner:
         try:
             log.info("training.started", selected=len(start.selected))
             rng = np.random.default_rng(
-                [self.config.seed, self.info.num_samples, t, client_index(self.client_id)]
+                [self.config.seed, self.info.num_samples, t, client_number(self.client_id)]
             )
             params = dict(start.params)
             loss = await asyncio.to_thread(self.method.train, t, params, rng)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from mqttfl.wire.codec import pack_data, unpack_data
+from mqttfl.wire.topics import client_order
 
 LAST_ROUNDS = 5  # the paper averages the last five rounds (Section VI-D)
 
@@ -77,7 +78,7 @@ def summarize_clients(records: list[dict[str, Any]]) -> dict[str, dict[str, floa
     for record in records:
         by_client.setdefault(str(record["client_id"]), {})[int(record["round"])] = record
     table: dict[str, dict[str, float]] = {}
-    for client, rounds in sorted(by_client.items(), key=lambda kv: _id_order(kv[0])):
+    for client, rounds in sorted(by_client.items(), key=lambda kv: client_order(kv[0])):
         last = [rounds[t] for t in sorted(rounds)[-LAST_ROUNDS:]]
         table[client] = {
             key: float(np.mean([r[key] for r in last])) for key in ("accuracy", "f1", "mae")
@@ -86,10 +87,6 @@ def summarize_clients(records: list[dict[str, Any]]) -> dict[str, dict[str, floa
         table[client]["kb_received"] = sum(r.get("bytes_down", 0) for r in rounds.values()) / 1000
         table[client]["rounds_reported"] = len(rounds)
     return table
-
-
-def _id_order(client: str) -> tuple[int, str]:
-    return (int(client), "") if client.isdigit() else (1 << 30, client)
 
 
 def mean_over_clients(table: dict[str, dict[str, float]]) -> dict[str, float]:

@@ -32,6 +32,7 @@ from mqttfl.errors import BrokerError, MqttflError
 from mqttfl.paths import make_dir
 from mqttfl.wire import BROADCAST, check_id
 from mqttfl.wire.control import COORDINATOR
+from mqttfl.wire.topics import is_numeric_id
 
 # As broker/mosquitto.conf: the coordinator's broadcast to 1000 clients is ~21 MB.
 DEFAULT_MAX_PACKET = 64 * 1024 * 1024
@@ -414,7 +415,7 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
         f"mqttfl coordinator --broker {setup.url} ...\n"
         "  each client sources its own credentials/<id>.env; keep those files private\n"
     )
-    named = [c for c in clients if not (c.isascii() and c.isdigit())]
+    named = [c for c in clients if not is_numeric_id(c)]
     if named and not args.config:
         sys.stdout.write(
             f"  note: ids {', '.join(named)} are not numbers: only runs with "

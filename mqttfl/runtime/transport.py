@@ -14,7 +14,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
+from urllib.parse import urlsplit
 
 import aiomqtt
 
@@ -41,21 +41,32 @@ class BrokerAddress:
 
     @classmethod
     def parse(cls, url: str) -> BrokerAddress:
-        """``mqtt://host:1883`` or ``mqtts://host:8883``; BrokerError names a bad URL."""
+        """``mqtt://host:1883`` or ``mqtts://host:8883`` (the scheme defaults to mqtt);
+        BrokerError says what is wrong with any other text."""
         try:
-            parsed = urlparse(url if "://" in url else f"mqtt://{url}")
-            port = parsed.port
-        except ValueError as exc:  # a bad IPv6 literal, a port outside 0-65535
-            raise BrokerError(f"broker URL {url!r} is malformed: {exc}") from None
-        if parsed.scheme not in ("mqtt", "mqtts") or not parsed.hostname:
-            raise BrokerError(f"broker URL must look like mqtt://host:port, got {url!r}")
-        if port == 0:
-            raise BrokerError(f"broker URL {url!r}: the port must be 1-65535")
-        tls = parsed.scheme == "mqtts"
-        return cls(parsed.hostname, port or (8883 if tls else 1883), tls)
+            parts = urlsplit(url if "://" in url else f"mqtt://{url}")
+        except ValueError as exc:  # an unclosed [IPv6 bracket
+            raise BrokerError(f"malformed URL ({exc})") from None
+        try:
+            port = parts.port
+        except ValueError:  # out of 0-65535, or not a number
+            port_text = parts.netloc.rpartition(":")[2]
+            raise BrokerError(f"port {port_text!r} is not a number in 1-65535") from None
+        if parts.scheme not in ("mqtt", "mqtts"):
+            raise BrokerError(f"the scheme must be mqtt or mqtts, not {parts.scheme!r}")
+        if not parts.hostname:
+            raise BrokerError("no host")
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise BrokerError("a broker URL has no path, query or fragment")
+        tls = parts.scheme == "mqtts"
+        port = port if port is not None else (8883 if tls else 1883)
+        if not 1 <= port <= 65535:
+            raise BrokerError(f"port {port} is not in 1-65535")
+        return cls(parts.hostname, port, tls)
 
     def __str__(self) -> str:
-        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'mqtts' if self.tls else 'mqtt'}://{host}:{self.port}"
 
 
 @dataclass(frozen=True)

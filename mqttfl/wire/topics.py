@@ -136,16 +136,17 @@ class Topics:
         raise WireError("topic", f"unknown topic: {topic[:100]!r}")
 
 
-def client_index(client: str) -> int:
+def is_numeric_id(client: str) -> bool:
+    """Client ids made of ASCII digits pick a synthetic room, a partition or a chip."""
+    return client.isascii() and client.isdigit()
+
+
+def client_number(client: str) -> int:
     """A stable integer for a client id: the number itself for numeric ids (they pick the
     synthetic room and seed), else a CRC32 of the id (the same on every device)."""
-    if client.isascii() and client.isdigit():
-        return int(client)
-    return zlib.crc32(client.encode())
+    return int(client) if is_numeric_id(client) else zlib.crc32(client.encode())
 
 
 def client_order(client: str) -> tuple[int, str]:
     """Sort key: numeric ids in numeric order, then the others by name."""
-    if client.isascii() and client.isdigit():
-        return (int(client), "")
-    return (1 << 62, client)
+    return (int(client), "") if is_numeric_id(client) else (1 << 62, client)
