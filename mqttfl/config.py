@@ -107,6 +107,8 @@ class BrokerConfig(_Table):
     tls_cert: str | None = None
     tls_key: str | None = None
     keepalive_s: int = Field(15, ge=2)
+    # The site (edge broker, bridged to the central one) this client connects through.
+    site: str = Field("", pattern=r"^([A-Za-z0-9_.-]{1,64})?$")
     # How long a client or the coordinator tries to reach the broker before giving up.
     connect_timeout_s: float = Field(10.0, gt=0)
 

@@ -192,6 +192,7 @@ class Federation:
     env: dict[str, str] = field(default_factory=dict)
     broker_url: str | None = None
     client_overrides: dict[str, list[str]] = field(default_factory=dict)
+    client_brokers: dict[str, str] = field(default_factory=dict)  # a client's own broker URL
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     starts: Counter[str] = field(default_factory=Counter)
     killed: list[tuple[float, str]] = field(default_factory=list)
@@ -270,6 +271,8 @@ class Federation:
             "--state-dir",
             str(self.state_dir),
         ]
+        if cid in self.client_brokers:  # the last --broker wins
+            args += ["--broker", self.client_brokers[cid]]
         return self._spawn(cid, args, env)
 
     def start_load(self, count: int, *, name: str = "load") -> subprocess.Popen[bytes]:

@@ -120,6 +120,7 @@ class ClientRunner:
             tuple(int(c) for c in np.unique(shard.y_train)),
             int(len(shard.y_train)),
             sample_shape,
+            site=config.broker.site,
         )
         self.method = algorithm.client(self.ctx, self.info, self.model, shard, config.train)
         self.schema = algorithm.upload_schema(self.ctx, self.info)

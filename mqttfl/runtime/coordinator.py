@@ -29,6 +29,7 @@ from mqttfl.wire.control import (
     RunStatus,
     read_ack,
     read_metrics,
+    read_site_notice,
     read_status,
 )
 
@@ -72,6 +73,7 @@ class Coordinator:
                 self.topics.any_ack,
                 self.topics.any_up,
                 self.topics.any_metrics,
+                self.topics.any_site,
             ],
             credentials=credentials,
             keepalive_s=config.broker.keepalive_s,
@@ -131,6 +133,8 @@ class Coordinator:
         if where.kind == "status" and client is not None:
             if message.payload:  # an empty payload clears a retained status
                 self.engine.on_status(read_status(message.payload, run_id=run, client=client))
+        elif where.kind == "site" and client is not None:
+            self.engine.on_site(client, read_site_notice(message.payload))
         elif where.kind == "ack" and client is not None and t is not None:
             self.engine.on_ack(read_ack(message.payload, run_id=run, round=t, client=client))
         elif where.kind == "up" and client is not None and t is not None:

@@ -246,6 +246,16 @@ class RoundEngine:
         self.records.append(record)
         return record
 
+    def on_site(self, site: str, up: bool) -> None:
+        """A site's bridge to this broker came or went (Mosquitto publishes its will): when
+        it goes, every client behind it is gone at once; back, they announce themselves."""
+        self.log.warning("site.up" if up else "site.down", site=site, round=self.round)
+        if up:
+            return
+        for client, record in self.clients.items():
+            if record.info.site == site and record.online:
+                self.on_status(Offline(client, f"site {site} down"))
+
     def on_broker_lost(self) -> None:
         self.broker_down = True
 

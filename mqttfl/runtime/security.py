@@ -30,6 +30,7 @@ from typing import Any
 
 from mqttfl.errors import BrokerError, MqttflError
 from mqttfl.paths import make_dir
+from mqttfl.runtime.sites import EdgeBridge, bridge_acl, bridge_conf, bridge_identity, parse_bridges
 from mqttfl.wire import BROADCAST, check_id
 from mqttfl.wire.control import COORDINATOR
 from mqttfl.wire.topics import is_numeric_id
@@ -291,7 +292,11 @@ def init_broker(
     hostnames: list[str] | None = None,
     max_packet_bytes: int = DEFAULT_MAX_PACKET,
     force: bool = False,
+    bridges: dict[str, list[str]] | None = None,
+    edge: EdgeBridge | None = None,
 ) -> BrokerSetup:
+    """Write a locked-down broker. ``bridges`` (central side): a bridge identity and ACL
+    per site; ``edge``: this broker is that site's edge, bridged to the central one."""
     if port is not None and not 1 <= port <= 65535:
         raise MqttflError(f"--port {port} is not a port number in 1-65535")
     if port is None:
@@ -305,20 +310,36 @@ def init_broker(
         )
     make_dir(out, what="--out")
     (out / "data").mkdir(exist_ok=True)
+    bridges = bridges or {}
+    for site, members in bridges.items():
+        if not set(members) <= set(clients):
+            raise MqttflError(
+                f"--bridge {site}: ids {sorted(set(members) - set(clients))} are not clients"
+            )
     passwords = {
         COORDINATOR: secrets.token_urlsafe(24),
         **{c: secrets.token_urlsafe(24) for c in clients},
+        **{bridge_identity(site): secrets.token_urlsafe(24) for site in bridges},
     }
     write_password_file(out / "passwd", passwords)
     if tls:
         make_tls(out / "tls", hostnames or ["localhost", "127.0.0.1"])
-    _write_private(out / "acl", acl_text(clients, run_id))
+    acl = acl_text(clients, run_id)
+    for site, members in bridges.items():
+        acl += "\n" + "\n".join(bridge_acl(site, members, run_id))
+    _write_private(out / "acl", acl)
     # mosquitto started as root switches to the user 'mosquitto' before it reads the
     # password file and ACL; run it as the owner of these private files instead.
     user = getpass.getuser() if os.geteuid() == 0 else None
-    (out / "mosquitto.conf").write_text(
-        conf_text(out, port=port, bind=bind, tls=tls, max_packet_bytes=max_packet_bytes, user=user)
+    conf = conf_text(
+        out, port=port, bind=bind, tls=tls, max_packet_bytes=max_packet_bytes, user=user
     )
+    if edge is not None:  # the bridge's password is in it: private
+        _write_private(
+            out / "mosquitto.conf", conf + "\n".join(bridge_conf(edge, clients, run_id)) + "\n"
+        )
+    else:
+        (out / "mosquitto.conf").write_text(conf)
     ca = out / "tls" / "ca.crt"
     for identity, password in passwords.items():
         lines = [f"MQTTFL_BROKER__USERNAME={identity}", f"MQTTFL_BROKER__PASSWORD={password}"]
@@ -376,6 +397,21 @@ def add_broker_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     init.add_argument(
         "--force", action="store_true", help="replace an existing setup and its credentials"
     )
+    init.add_argument(
+        "--bridge",
+        action="append",
+        default=[],
+        metavar="SITE=IDS",
+        help="central broker: let site SITE's edge broker bridge in for clients IDS "
+        "(repeatable; writes credentials/site-SITE.env for the edge)",
+    )
+    init.add_argument("--site", help="write an edge broker for this site, bridged to --central")
+    init.add_argument("--central", help="with --site: the central broker's URL")
+    init.add_argument(
+        "--bridge-credentials",
+        type=Path,
+        help="with --site: the central setup's credentials/site-SITE.env",
+    )
     init.set_defaults(func=cmd_broker_init)
 
 
@@ -397,6 +433,7 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
     clients = client_ids(clients=args.clients, ids=args.ids)
     if args.config:
         check_ids_for_config(clients, args.config)
+    edge = _edge_bridge(args)
     setup = init_broker(
         args.out,
         clients,
@@ -407,6 +444,8 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
         hostnames=args.hostnames,
         max_packet_bytes=args.max_packet_bytes,
         force=args.force,
+        bridges=parse_bridges(args.bridge),
+        edge=edge,
     )
     sys.stdout.write(
         f"broker files in {setup.out} ({len(setup.passwords) - 1} clients + {COORDINATOR})\n"
@@ -422,3 +461,21 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
             "data.source = 'shards' can use them (--config CONFIG checks a config)\n"
         )
     return 0
+
+
+def _edge_bridge(args: argparse.Namespace) -> EdgeBridge | None:
+    if args.site is None:
+        if args.central or args.bridge_credentials:
+            raise MqttflError("--central and --bridge-credentials go with --site")
+        return None
+    if not args.central or not args.bridge_credentials:
+        raise MqttflError("--site needs --central URL and --bridge-credentials FILE")
+    from mqttfl.runtime.transport import BrokerAddress
+
+    central = BrokerAddress.parse(args.central)
+    if not args.bridge_credentials.is_file():
+        raise MqttflError(f"{args.bridge_credentials}: file not found")
+    env = read_env_file(args.bridge_credentials)
+    return EdgeBridge.from_env(
+        args.site, central.host, central.port, env, source=args.bridge_credentials
+    )

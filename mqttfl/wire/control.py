@@ -147,6 +147,8 @@ class Online:
             _is_int(c) and 0 <= c < 2**16 for c in info.classes
         ):
             raise WireError("range", "classes must be at most 65536 integers in [0, 65536)")
+        if info.site:
+            check_id(info.site, "site")
 
     def encode(self, run: str) -> bytes:
         body = {
@@ -156,6 +158,8 @@ class Online:
             "num_samples": self.info.num_samples,
             "sample_shape": list(self.info.sample_shape),
         }
+        if self.info.site:
+            body["site"] = self.info.site
         return encode(Message("status", run, 0, self.info.client_id, body))
 
 
@@ -185,7 +189,9 @@ def read_status(raw: bytes, *, run_id: str, client: str) -> Status:
         return Offline(client, _text("reason", body.get("reason", "")))
     if state != "online":
         raise WireError("range", f"unknown status {str(state)[:20]!r}")
-    _body_keys(body, {"state", "arch", "classes", "num_samples", "sample_shape"})
+    _body_keys(
+        body, {"state", "arch", "classes", "num_samples", "sample_shape"}, frozenset({"site"})
+    )
     for key in ("classes", "sample_shape"):
         if not isinstance(body[key], list):
             raise WireError("type", f"'{key}' must be a list")
@@ -195,8 +201,20 @@ def read_status(raw: bytes, *, run_id: str, client: str) -> Status:
         classes=tuple(body["classes"]),
         num_samples=body["num_samples"],
         sample_shape=tuple(body["sample_shape"]),
+        site=_text("site", body.get("site", ""), MAX_KEY_CHARS),
     )
     return Online(info)
+
+
+# --- sites -----------------------------------------------------------------------------
+SITE_UP, SITE_DOWN = b"1", b"0"  # what Mosquitto's bridge publishes on its notification topic
+
+
+def read_site_notice(raw: bytes) -> bool:
+    """A bridge's connection notice (its last will says ``0``): True when the site is up."""
+    if raw not in (SITE_UP, SITE_DOWN):
+        raise WireError("malformed", "a site notice is b'1' or b'0'")
+    return raw == SITE_UP
 
 
 # --- round start and run status ---------------------------------------------------------

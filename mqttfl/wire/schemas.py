@@ -150,10 +150,12 @@ EMPTY = PayloadSchema(fields={})
 
 @dataclass(frozen=True)
 class ClientInfo:
-    """What a client announced on its status topic: model, classes, sample count."""
+    """What a client announced on its status topic: model, classes, sample count, and the
+    site (edge broker) it is behind, if any."""
 
     client_id: str
     arch: str
     classes: tuple[int, ...]
     num_samples: int
     sample_shape: tuple[int, ...]
+    site: str = ""

@@ -11,6 +11,7 @@ from its topic alone, before its payload is even decoded.
     mqttfl/{run}/round/{t}/metrics/{client}  per-round metrics
     mqttfl/{run}/status/{client}             retained online status, last will offline
     mqttfl/{run}/state                       retained run state for late joiners
+    mqttfl/{run}/site/{site}                 a site bridge's notice: 1 connected, 0 gone (its will)
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def check_id(value: str, what: str = "client id") -> str:
 
 @dataclass(frozen=True)
 class TopicInfo:
-    kind: str  # start | down | ack | up | metrics | status | state
+    kind: str  # start | down | ack | up | metrics | status | state | site
     round: int | None
     client: str | None  # None for start/state; "all" for the broadcast downlink
 
@@ -81,6 +82,13 @@ class Topics:
     @property
     def state(self) -> str:
         return f"{self.base}/state"
+
+    def site(self, site: str) -> str:
+        return f"{self.base}/site/{site}"
+
+    @property
+    def any_site(self) -> str:
+        return f"{self.base}/site/+"
 
     # Subscriptions
     @property
@@ -125,6 +133,8 @@ class Topics:
             return TopicInfo("state", None, None)
         if len(parts) == 2 and parts[0] == "status":
             return TopicInfo("status", None, check_id(parts[1]))
+        if len(parts) == 2 and parts[0] == "site":
+            return TopicInfo("site", None, check_id(parts[1], "site"))
         if len(parts) >= 3 and parts[0] == "round" and _ROUND.fullmatch(parts[1]):
             t = int(parts[1])
             if parts[2:] == ["start"]:
