@@ -81,7 +81,7 @@ def finished_summary(out: Path, config: Any) -> dict[str, Any] | None:
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    if summary.get("config") != config.model_dump(mode="json"):
+    if summary.get("config") != config.recorded():
         return None
     return summary
 

@@ -137,6 +137,11 @@ class RunConfig(BaseSettings):
     broker: BrokerConfig = BrokerConfig()
     logging: LoggingConfig = LoggingConfig()
 
+    def recorded(self) -> dict[str, Any]:
+        """The config as results record it (summary.json, --resume): everything but the
+        [broker] table, which holds credentials and how to connect, not the experiment."""
+        return self.model_dump(mode="json", exclude={"broker"})
+
     @model_validator(mode="after")
     def _check_min_clients(self) -> RunConfig:
         if self.federation.min_clients > self.federation.num_clients:

@@ -5,6 +5,7 @@
     ├── DataError               a missing, unreadable or malformed data file (names the path)
     ├── WireError               a message that cannot be decoded or is not permitted
     │   └── RejectedUpload      an upload the coordinator refuses (carries the reason)
+    ├── RunAborted              the run cannot go on (too few clients after every retry)
     └── BrokerError             the broker could not be started or reached
 
 User errors are caught at the CLI edge and printed as one line, never a traceback.
@@ -51,6 +52,10 @@ class RejectedUpload(WireError):
 
     round: int | None = None
     client: str | None = None
+
+
+class RunAborted(MqttflError):
+    """The run cannot go on (too few clients after every retry, no aggregate possible)."""
 
 
 class BrokerError(MqttflError):

@@ -119,4 +119,3 @@ class RabbitNode:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
-

@@ -30,13 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from mqttfl.algorithms.base import Algorithm, Context, Downlinks, ServerSide, Upload
+from mqttfl.algorithms.base import Algorithm, Context, ServerSide, Upload
 from mqttfl.config import RunConfig
-from mqttfl.errors import MqttflError, WireError
+from mqttfl.errors import RunAborted, WireError
 from mqttfl.logs import get_logger
+from mqttfl.runtime.aggregate import aggregate_checked
 from mqttfl.runtime.gate import UploadGate
-from mqttfl.runtime.journal import mean_over_clients, summarize_clients
-from mqttfl.runtime.state import RunState, client_order
+from mqttfl.runtime.state import RunState, client_order, run_summary
 from mqttfl.wire.control import (
     Ack,
     DownlinkPayloads,
@@ -56,10 +56,6 @@ RETRY_GRACE_S = 3.0  # before a retry, how long to wait for the clients asked be
 # after a broker restart, how long the clients may take to reconnect (their backoff) and announce
 RECONNECT_GRACE_S = 8.0
 Clock = Callable[[], float]
-
-
-class RunAborted(MqttflError):
-    """The run cannot go on (too few clients after every retry)."""
 
 
 @dataclass
@@ -113,23 +109,6 @@ def select_clients(
     k = min(len(live), max(min_clients, math.ceil(fraction * len(live))))
     rng = np.random.default_rng([seed, t, attempt])
     return sorted(rng.choice(sorted(live), size=k, replace=False).tolist(), key=client_order)
-
-
-def _finite(tree: Any) -> bool:
-    if isinstance(tree, np.ndarray):
-        return tree.dtype.kind != "f" or bool(np.isfinite(tree).all())
-    if isinstance(tree, dict):
-        return all(_finite(v) for v in tree.values())
-    if isinstance(tree, float):
-        return math.isfinite(tree)
-    return True
-
-
-def _magnitude(body: dict[str, Any]) -> float:
-    return max(
-        (float(np.abs(v).max()) for v in body.values() if isinstance(v, np.ndarray) and v.size),
-        default=0.0,
-    )
 
 
 class RoundEngine:
@@ -455,7 +434,7 @@ class RoundEngine:
             self.log.warning(
                 "upload.missing", round=t, client=client, online=self.clients[client].online
             )
-        downlinks = self._aggregate_checked(t, uploads)
+        downlinks = aggregate_checked(self.server, t, uploads, self.state.rejections, self.log)
         for size in self.gate.accepted_bytes.values():
             state.comm["up_bytes"] += size
             state.comm["up_count"] += 1
@@ -476,27 +455,6 @@ class RoundEngine:
             self._wait_for_live(now)
         return Close(t, payloads, state.to_dict(self.config), log)
 
-    def _aggregate_checked(self, t: int, uploads: list[Upload]) -> Downlinks:
-        """Aggregate; if the result is not finite (or the method fails), drop the upload of
-        largest magnitude and aggregate again: one offender never costs the round."""
-        before = self.server.state_dict()
-        remaining = list(uploads)
-        while True:
-            try:
-                downlinks = self.server.aggregate(t, remaining)
-                if _finite(downlinks.broadcast) and _finite(downlinks.personal):
-                    return downlinks
-                reason = "non_finite_aggregate"
-            except Exception as exc:  # a method error caused by an input: never the run's end
-                reason = f"aggregation_failed: {type(exc).__name__}: {exc}"[:200]
-            if len(remaining) <= 1:
-                raise RunAborted(f"round {t}: no aggregate could be formed ({reason})")
-            offender = max(remaining, key=lambda u: _magnitude(u.body))
-            remaining.remove(offender)
-            self.server.load_state_dict(before)
-            self.state.rejections["dropped_from_aggregate"] += 1
-            self.log.warning("upload.dropped", round=t, client=offender.client_id, reason=reason)
-
     def _progress(self, t: int) -> dict[str, Any]:
         rows = [r for r in self.records[-4 * max(len(self.clients), 1) :] if r["round"] == t]
         if not rows:
@@ -508,24 +466,4 @@ class RoundEngine:
         }
 
     def summary(self) -> dict[str, Any]:
-        table = summarize_clients(self.records)
-        comm = self.state.comm
-        up_n, down_n = max(comm["up_count"], 1), max(comm["down_count"], 1)
-        return {
-            "run_id": self.config.run_id,
-            "method": self.config.method,
-            "rounds_completed": self.state.round,
-            "clients": table,
-            "mean": mean_over_clients(table),
-            "comm": {
-                "up_bytes_per_client_round": comm["up_bytes"] / up_n,
-                "down_bytes_per_client_round": comm["down_bytes"] / down_n,
-                "up_bytes_total": comm["up_bytes"],
-                "down_bytes_total": comm["down_bytes"],
-            },
-            "rejections": dict(self.state.rejections),
-            "rejected_messages": dict(self.state.rejected_messages),
-            "retries": self.state.retries,
-            "missing_uploads": self.state.missing_uploads,
-            "config": self.config.model_dump(mode="json"),
-        }
+        return run_summary(self.config, self.state, self.records)

@@ -72,3 +72,32 @@ class RunState:
             else None,
             clients=[str(c) for c in data.get("clients", [])],
         )
+
+
+def run_summary(
+    config: RunConfig, state: RunState, records: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """summary.json: per-client metrics (last five rounds), traffic and every counter."""
+    from mqttfl.runtime.journal import mean_over_clients, summarize_clients
+
+    table = summarize_clients(records)
+    comm = state.comm
+    up_n, down_n = max(comm["up_count"], 1), max(comm["down_count"], 1)
+    return {
+        "run_id": config.run_id,
+        "method": config.method,
+        "rounds_completed": state.round,
+        "clients": table,
+        "mean": mean_over_clients(table),
+        "comm": {
+            "up_bytes_per_client_round": comm["up_bytes"] / up_n,
+            "down_bytes_per_client_round": comm["down_bytes"] / down_n,
+            "up_bytes_total": comm["up_bytes"],
+            "down_bytes_total": comm["down_bytes"],
+        },
+        "rejections": dict(state.rejections),
+        "rejected_messages": dict(state.rejected_messages),
+        "retries": state.retries,
+        "missing_uploads": state.missing_uploads,
+        "config": config.recorded(),
+    }
