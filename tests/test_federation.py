@@ -46,6 +46,12 @@ def test_run_end_to_end(method: str, tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
     summary = json.loads((out / "summary.json").read_text())
+    # The run's broker credentials stay in the broker's private files, never in results.
+    text = (out / "summary.json").read_text()
+    for env in (out / "broker" / "credentials").glob("*.env"):
+        password = env.read_text().split("MQTTFL_BROKER__PASSWORD=")[1].split()[0]
+        assert password not in text
+    assert "broker" not in summary["config"]
     assert summary["method"] == method
     assert summary["rounds_completed"] == 3
     assert set(summary["clients"]) == {"0", "1", "2"}
