@@ -53,21 +53,32 @@ def _base(run_id: str | None) -> str:
     return f"mqttfl/{check_id(run_id, 'run id')}"
 
 
-def bridge_acl(site: str, clients: list[str], run_id: str | None) -> list[str]:
-    """The central ACL of one site's bridge: its clients' uplink topics, their downlinks
-    and the run's control topics, and its own notice (where its will lands)."""
+def bridged_topics(site: str, clients: list[str], run_id: str | None) -> list[tuple[str, str]]:
+    """(topic, direction) of everything a site's bridge carries: ``out`` to the central
+    broker, ``in`` from it. The central ACL and the edge's bridge are both made from it."""
     base = _base(run_id)
-    lines = [f"user {bridge_identity(site)}", f"topic write {base}/site/{site}"]
-    lines += [f"topic read {base}/state", f"topic read {base}/round/+/start"]
-    lines += [f"topic read {base}/round/+/down/{BROADCAST}"]
+    topics = [(f"{base}/state", "in"), (f"{base}/round/+/start", "in")]
+    topics.append((f"{base}/round/+/down/{BROADCAST}", "in"))
     for client in clients:
-        lines += [
-            f"topic write {base}/status/{client}",
-            f"topic write {base}/round/+/ack/{client}",
-            f"topic write {base}/round/+/up/{client}",
-            f"topic write {base}/round/+/metrics/{client}",
-            f"topic read {base}/round/+/down/{client}",
+        topics += [
+            (f"{base}/{kind}", "out")
+            for kind in (
+                f"status/{client}",
+                f"round/+/ack/{client}",
+                f"round/+/up/{client}",
+                f"round/+/metrics/{client}",
+            )
         ]
+        topics.append((f"{base}/round/+/down/{client}", "in"))
+    return topics
+
+
+def bridge_acl(site: str, clients: list[str], run_id: str | None) -> list[str]:
+    """The central ACL of one site's bridge: what it carries, and its own notice (where
+    its will lands)."""
+    lines = [f"user {bridge_identity(site)}", f"topic write {_base(run_id)}/site/{site}"]
+    for topic, direction in bridged_topics(site, clients, run_id):
+        lines.append(f"topic {'write' if direction == 'out' else 'read'} {topic}")
     return [*lines, ""]
 
 
@@ -120,14 +131,7 @@ def bridge_conf(bridge: EdgeBridge, clients: list[str], run_id: str | None) -> l
     ]
     if bridge.ca_file:
         lines += [f"bridge_cafile {bridge.ca_file}", "bridge_insecure false"]
-    lines += [f"topic {base}/state in 1", f"topic {base}/round/+/start in 1"]
-    lines += [f"topic {base}/round/+/down/{BROADCAST} in 1"]
-    for client in clients:
-        lines += [
-            f"topic {base}/status/{client} out 1",
-            f"topic {base}/round/+/ack/{client} out 1",
-            f"topic {base}/round/+/up/{client} out 1",
-            f"topic {base}/round/+/metrics/{client} out 1",
-            f"topic {base}/round/+/down/{client} in 1",
-        ]
+    lines += [
+        f"topic {topic} {direction} 1" for topic, direction in bridged_topics(site, clients, run_id)
+    ]
     return lines
