@@ -45,3 +45,19 @@ def spawn(*args: str, log: Path, env: dict[str, str] | None = None) -> subproces
             env={**os.environ, **(env or {})},
             start_new_session=True,
         )
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes naming ``text`` (the broker's names its run dir)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmdline and state != "Z":
+            found.append(cmdline)
+    return found

@@ -1,9 +1,8 @@
-"""`mqttfl run` stops everything it started: when its clients all die, and on SIGTERM; its
-local broker takes only the run's own generated identities."""
+"""`mqttfl run` stops everything it started: when its clients all die, on Ctrl-C and on
+SIGTERM; its local broker takes only the run's own generated identities."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -12,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FAST, REPO, mqttfl
+from helpers import FAST, REPO, mqttfl, processes_mentioning
 
 pytestmark = pytest.mark.slow
 
@@ -26,22 +25,6 @@ SMALL = [
 
 def _sets(items: list[str]) -> list[str]:
     return [arg for item in items for arg in ("--set", item)]
-
-
-def _processes_mentioning(text: str) -> list[str]:
-    """Command lines of live processes naming ``text`` (the broker's names its run dir)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if text in cmdline and state != "Z":
-            found.append(cmdline)
-    return found
 
 
 def test_missing_shards_directory_fails_before_starting_anything(tmp_path: Path) -> None:
@@ -59,7 +42,7 @@ def test_missing_shards_directory_fails_before_starting_anything(tmp_path: Path)
         "mqttfl: error: config key 'data.path': /nonexistent is not a directory\n"
     )
     assert not (out / "broker").exists()
-    assert _processes_mentioning(str(out)) == []
+    assert processes_mentioning(str(out)) == []
 
 
 def test_every_client_failing_ends_the_run(tmp_path: Path) -> None:
@@ -85,10 +68,11 @@ def test_every_client_failing_ends_the_run(tmp_path: Path) -> None:
     assert last.startswith("mqttfl: error: every client exited (exit 2: client-0, client-1)")
     assert str(out / "logs") in last
     assert elapsed < 60  # the join timeout alone would be 60 s
-    assert _processes_mentioning(str(out)) == []
+    assert processes_mentioning(str(out)) == []
 
 
-def test_sigterm_tears_everything_down(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_tears_everything_down(tmp_path: Path, signum: int, code: int) -> None:
     out = tmp_path / "run"
     proc = subprocess.Popen(
         [
@@ -113,7 +97,7 @@ def test_sigterm_tears_everything_down(tmp_path: Path) -> None:
             log.exists() and "round.started" in log.read_text()
         ):
             time.sleep(0.2)
-        running = _processes_mentioning(str(out))
+        running = processes_mentioning(str(out))
         assert any("mosquitto" in cmd for cmd in running), running
         assert len(running) >= 4, running
         # The run's own broker takes only this run's generated identities.
@@ -127,12 +111,12 @@ def test_sigterm_tears_everything_down(tmp_path: Path) -> None:
         )
         assert anonymous.returncode != 0 and "not authori" in anonymous.stderr.lower()
         assert "allow_anonymous false" in conf and (out / "broker" / "acl").exists()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, stderr.decode()
+    assert proc.returncode == code, stderr.decode()
     assert "Traceback" not in stderr.decode()
-    assert _processes_mentioning(str(out)) == []
+    assert processes_mentioning(str(out)) == []
