@@ -23,6 +23,9 @@ from mqttfl.training.metrics import classification_report
 from mqttfl.wire.schemas import PayloadSchema
 
 Inference = Literal["head", "prototype"]
+#: "squared": ‖r(h) - p̄_y‖² as FedSAP's Eq. 5 writes it; "mse": the same divided by d,
+#: torch's MSE as FedProto's reference code computes its regularizer
+ProtoDistance = Literal["squared", "mse"]
 
 
 def global_bank(
@@ -64,6 +67,27 @@ def prototype_mse(embedding: Tensor, bank: Tensor, y: Tensor, available: Tensor)
     if not bool(keep.any()):
         return embedding.sum() * 0.0
     return F.mse_loss(embedding[keep], bank[y[keep]])
+
+
+def prototype_squared_distance(
+    embedding: Tensor, bank: Tensor, y: Tensor, available: Tensor
+) -> Tensor:
+    """FedSAP Eq. 5 as written: the batch mean of ‖r(h_i) - p̄_{y_i}‖₂² (summed over the d
+    dimensions, so d times :func:`prototype_mse`), over the samples whose class is in the
+    bank."""
+    keep = available[y]
+    if not bool(keep.any()):
+        return embedding.sum() * 0.0
+    return (embedding[keep] - bank[y[keep]]).pow(2).sum(dim=1).mean()
+
+
+def prototype_distance(
+    embedding: Tensor, bank: Tensor, y: Tensor, available: Tensor, form: ProtoDistance
+) -> Tensor:
+    """L_Proto in the chosen form: ``squared`` (Eq. 5) or ``mse`` (÷ d, FedProto's code)."""
+    if form == "squared":
+        return prototype_squared_distance(embedding, bank, y, available)
+    return prototype_mse(embedding, bank, y, available)
 
 
 class BankServer(ServerSide):
