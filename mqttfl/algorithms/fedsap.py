@@ -388,14 +388,15 @@ class FedSAPClient(PrototypeClient):
             max_distance=self.thresholds[1],
         )
         keep = accept.numpy()
-        classes, protos, counts = mixed_prototypes(
-            embed_all(self.model, x),
-            y,
-            strong[keep],
-            labels.numpy()[keep],
-            self.ctx.params.pseudo_alpha,
+        return self.upload_body(
+            *mixed_prototypes(
+                embed_all(self.model, x),
+                y,
+                strong[keep],
+                labels.numpy()[keep],
+                self.ctx.params.pseudo_alpha,
+            )
         )
-        return {"classes": classes, "prototypes": protos, "counts": counts}
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

@@ -3,8 +3,9 @@
 The server keeps one global bank: per class, the mean of the prototypes of the clients
 that observed it this round (FedSAP Eq. 2; FedProto's aggregation). The client uploads
 its class prototypes (the :func:`~mqttfl.algorithms.fedapa.prototype_schema` payload:
-classes, prototypes, counts; never weights), keeps the bank it receives, and can
-classify either with its classifier head or by the nearest global prototype.
+classes and prototypes, never weights; per-class counts only when the server weights the
+bank by them, :meth:`PrototypeClient.uploads_counts`), keeps the bank it receives, and
+can classify either with its classifier head or by the nearest global prototype.
 """
 
 from __future__ import annotations
@@ -115,17 +116,29 @@ class PrototypeClient(ClientSide):
         self.available: Tensor | None = None  # (C,) bool
 
     @classmethod
+    def uploads_counts(cls, ctx: Context) -> bool:
+        """Whether the server reads per-class sample counts (else they stay on the device)."""
+        return False
+
+    @classmethod
     def upload_schema(cls, ctx: Context, info: ClientInfo) -> PayloadSchema:
-        return prototype_schema(ctx)
+        return prototype_schema(ctx, counts=cls.uploads_counts(ctx))
 
     def labelled(self) -> tuple[np.ndarray, np.ndarray]:
         return self.shard.x_train, self.shard.y_train
 
+    def upload_body(
+        self, classes: np.ndarray, prototypes: np.ndarray, counts: np.ndarray
+    ) -> dict[str, Any]:
+        body = {"classes": classes, "prototypes": prototypes}
+        if self.uploads_counts(self.ctx):
+            body["counts"] = counts
+        return body
+
     def make_upload(self, t: int) -> dict[str, Any]:
         """Eq. 1 (FedSAP) / FedProto: mean embedding per local class, after training."""
         x, y = self.labelled()
-        classes, protos, counts = class_prototypes(embed_all(self.model, x), y)
-        return {"classes": classes, "prototypes": protos, "counts": counts}
+        return self.upload_body(*class_prototypes(embed_all(self.model, x), y))
 
     def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
         if "prototypes" in broadcast:
