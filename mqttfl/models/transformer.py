@@ -172,7 +172,7 @@ class TransformerEncoderNet(EmbeddingModel):
         self.classifier = nn.Linear(embed_dim, num_classes)
 
     def alp_layers(self) -> list[ALPLayer]:
-        return [block.alp for block in self.blocks]
+        return [block.alp for block in self.blocks if isinstance(block, EncoderBlock)]
 
     def embed(self, x: Tensor) -> Tensor:
         """(B, T, S) or (B, 1, T, S) amplitude windows -> (B, embed_dim)."""
