@@ -142,8 +142,8 @@ def test_eq_5_squared_distance_by_hand() -> None:
     assert float(prototype_squared_distance(z, bank, y, nobody)) == 0.0
 
 
-def test_eq_5_default_is_the_papers_squared_distance() -> None:
-    assert FedSAPParams().proto_distance == "squared"
+def test_eq_5_default_is_torchs_mse_as_in_fedprotos_code() -> None:
+    assert FedSAPParams().proto_distance == "mse"
 
 
 # --- Sec. 3.6: pseudo-labels, thresholds, consistency, mixed prototypes --------------------
