@@ -22,7 +22,7 @@ each round a client loads the server weights, fits, then evaluates the fitted mo
 the model a client scores in round t is the one it trained in round t. The averaged
 weights that come down are kept aside (:meth:`FedAliClient.receive`) and loaded at the
 start of the next local training (:meth:`FedAliClient.train`), so a client is never
-scored on the bare global model. Local training is the paper's (Sec. 5.1.3): a fresh
+scored on the bare global model. Local training is the paper's (Sec. 5.1): a fresh
 Adam (lr 1e-4) each round, 5 local epochs, batch 64 (``local_*`` parameters; set
 ``local_optimizer = "train"`` for the run's ``[train]`` SGD instead).
 """
@@ -55,7 +55,7 @@ from mqttfl.wire.schemas import ArrayField, IntField, PayloadSchema
 
 class FedAliParams(BaseModel):
     """β=0.2, γ=0.999, ε=0.05 and 3 Sinkhorn iterations are the paper's (Sec. 5.1.3), and
-    so is local training: Adam with lr 1e-4, 5 local epochs, batch 64.
+    so is local training (Sec. 5.1): Adam with lr 1e-4, 5 local epochs, batch 64.
 
     The paper's counts (2048, 1024, ..., 64) are for six blocks of width 192; the default
     here halves from 64 for the two blocks of the CPU-sized transformer.
