@@ -13,8 +13,10 @@ rounds). Datasets and settings:
 - ``digits``: sklearn's 8×8 digits, 10 clients, n-way k-shot (configs/digits-fedsap.toml),
   ``data`` setting.
 
-Table III's rows are every method but the two Table IV ablations; Table IV is the
-ablations and FedAPA. Sizes: the full size (3 seeds, 20 rounds, reduced CSI windows)
+Table III's rows are every method but the two Table IV ablations, then the pooled
+(centralized) reference of :mod:`mqttfl.pooled` (absent where the clients' samples differ
+in shape or architecture, with the reason under the table); Table IV is the ablations and
+FedAPA. Sizes: the full size (3 seeds, 20 rounds, reduced CSI windows)
 took 54 minutes on this 2-core machine (the JSON records the time
 it took); ``--quick`` (1 seed, 3 rounds, tiny shards) is a smoke check of the whole path.
 
@@ -72,6 +74,7 @@ def espectre_missing() -> str | None:
 def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) -> dict[str, Any]:
     from mqttfl import compare
     from mqttfl.config import load_config
+    from mqttfl.pooled import PooledRun, run_pooled
 
     config, settings, full, small = DATASETS[name]
     base = [*COMMON, *(small if quick else full)]
@@ -96,15 +99,30 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
         log(
             f"accuracy {name} [{index}/{len(plan)}] {setting} {method} seed {seed}: {status} ({took})"
         )
+    pooled_runs = []
+    for setting in settings:
+        for seed in seeds:
+            pooled_run = run_pooled(
+                config,
+                compare.pooled_overrides(base, setting, seed),
+                PooledRun(
+                    setting, seed, WORK / "accuracy" / name / setting / "pooled" / f"seed-{seed}"
+                ),
+                resume=True,
+            )
+            pooled_runs.append(pooled_run)
+            status = pooled_run.absent or f"acc {pooled_run.metrics['accuracy']:.4f}"
+            log(f"accuracy {name} pooled {setting} seed {seed}: {status}")
     rows = compare.aggregate(results, methods, settings)
+    pooled = compare.aggregate_pooled(pooled_runs, settings)
     table_iii = [m for m in methods if m not in TABLE_IV[:2]]
     table_iv = [m for m in TABLE_IV if m in methods]
     tables = {
-        "table_iii": compare.markdown_table(rows, table_iii, settings, seeds),
+        "table_iii": compare.markdown_table(rows, table_iii, settings, seeds, pooled),
         "table_iv": compare.markdown_table(rows, table_iv, settings, seeds),
     }
     plot = RESULTS / f"accuracy-{name}{'-quick' if quick else ''}.png"
-    compare.plot_convergence(results, methods, settings, plot)
+    compare.plot_convergence(results, methods, settings, plot, pooled)
     return {
         "config": config,
         "settings": settings,
@@ -112,6 +130,19 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
         "seeds": seeds,
         "seconds": time.monotonic() - began,
         "rows": rows,
+        "pooled": pooled,
+        "pooled_runs": [
+            {
+                "setting": p.setting,
+                "seed": p.seed,
+                "out": str(p.out),
+                "reused": p.resumed,
+                "metrics": p.metrics,
+                "per_client": p.per_client,
+                "absent": p.absent,
+            }
+            for p in pooled_runs
+        ],
         "tables": tables,
         "plot": str(plot),
         "runs": [

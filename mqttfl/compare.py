@@ -9,6 +9,14 @@ settings, and the tables say so. Results: ``compare.md`` and ``compare.json`` (a
 macro-F1, MAE and KB per client-round as mean ± std over seeds; each run's metrics are
 its summary's means over the last five rounds) and ``convergence.png`` (mean client
 accuracy per round, averaged over seeds).
+
+Two reference rows frame the methods: ``local`` (every client alone, the lower bound;
+part of ``--methods all``) and ``pooled`` (:mod:`mqttfl.pooled`: one model with the same
+architecture and ``[train]`` recipe, trained for as many epochs as a Local client on the
+union of all clients' training splits, scored on each client's test split; trained in
+this process, per setting and seed, and kept in ``<setting>/pooled/seed-<n>/``). Where
+the clients' data cannot be pooled (samples of different shapes, or different
+architectures as in the ``model`` setting) the row is absent and the table says why.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from mqttfl.algorithms import algorithm_names, get_algorithm, make_context
 from mqttfl.config import load_config
 from mqttfl.errors import MqttflError
 from mqttfl.logs import configure_logging, get_logger
+from mqttfl.pooled import PooledRun, run_pooled
 
 SETTINGS: dict[str, tuple[str, list[str]]] = {
     "data": ("Statistical Data", []),
@@ -36,6 +45,7 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
 #: methods that only run on one architecture; they use it in every setting
 REQUIRED_MODEL: dict[str, str] = {"fedali": "transformer"}
 METRICS = ("accuracy", "f1", "mae", "kb")
+POOLED_METRICS = ("accuracy", "f1", "mae")
 
 
 @dataclass
@@ -110,6 +120,11 @@ def run_one(
     return result
 
 
+def pooled_overrides(base: list[str], setting: str, seed: int) -> list[str]:
+    """The --set list of a setting's pooled reference (no method: it trains plain CE)."""
+    return [*base, *SETTINGS[setting][1], f"seed={seed}"]
+
+
 def _mean_std(values: list[float]) -> dict[str, float]:
     array = np.asarray(values, dtype=np.float64)
     return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0}
@@ -144,6 +159,25 @@ def aggregate(
     return rows
 
 
+def aggregate_pooled(pooled: list[PooledRun], settings: list[str]) -> list[dict[str, Any]]:
+    """One pooled row per setting: mean ± std over seeds, or why it is absent."""
+    rows = []
+    for setting in settings:
+        runs = [p for p in pooled if p.setting == setting]
+        done = [p for p in runs if p.absent is None]
+        row: dict[str, Any] = {
+            "method": "pooled",
+            "setting": setting,
+            "runs": len(done),
+            "seeds": [p.seed for p in done],
+            "absent": next((p.absent for p in runs if p.absent is not None), None),
+        }
+        if done:
+            row.update({k: _mean_std([p.metrics[k] for p in done]) for k in POOLED_METRICS})
+        rows.append(row)
+    return rows
+
+
 def _cell(row: dict[str, Any], key: str) -> str:
     if key not in row:
         return "failed"
@@ -153,9 +187,14 @@ def _cell(row: dict[str, Any], key: str) -> str:
 
 
 def markdown_table(
-    rows: list[dict[str, Any]], methods: list[str], settings: list[str], seeds: list[int]
+    rows: list[dict[str, Any]],
+    methods: list[str],
+    settings: list[str],
+    seeds: list[int],
+    pooled: list[dict[str, Any]] | None = None,
 ) -> str:
-    """Table III's layout: one row per method, Acc./F1/MAE (and KB) per setting."""
+    """Table III's layout: one row per method, Acc./F1/MAE (and KB) per setting, then the
+    pooled reference row (from :func:`aggregate_pooled`) when given."""
     by_key = {(r["method"], r["setting"]): r for r in rows}
     columns = ("Acc. (%)", "F1 (%)", "MAE", "KB")
     head = ["Method"] + [f"{SETTINGS[s][0]}: {c}" for s in settings for c in columns]
@@ -171,6 +210,13 @@ def markdown_table(
                 f"\\* {method} needs model `{REQUIRED_MODEL[method]}` "
                 "and runs with it in every setting."
             )
+    if pooled is not None:
+        lines.append(_pooled_line(pooled, settings))
+        notes += _pooled_notes(pooled, settings)
+    if "local" in methods:
+        notes.append("local: every client trains alone (the lower bound).")
+    elif pooled is not None:
+        notes.append("No local row: add `local` to --methods for the lower bound.")
     intro = (
         f"Mean ± std over seeds {', '.join(map(str, seeds))}; each run's metrics are the mean over "
         "clients of their last five rounds. KB: uploaded plus downloaded per client-round.\n"
@@ -178,8 +224,44 @@ def markdown_table(
     return "\n".join([intro, *lines, "", *notes]) + "\n"
 
 
+def _absent(row: dict[str, Any]) -> bool:
+    return not row.get("runs")
+
+
+def _pooled_line(pooled: list[dict[str, Any]], settings: list[str]) -> str:
+    by_setting = {r["setting"]: r for r in pooled}
+    cells = ["pooled †"]
+    for setting in settings:
+        row = by_setting.get(setting, {})
+        if _absent(row):
+            cells += ["absent"] * 3 + ["-"]
+        else:
+            cells += [_cell(row, k) for k in POOLED_METRICS] + ["-"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _pooled_notes(pooled: list[dict[str, Any]], settings: list[str]) -> list[str]:
+    by_setting = {r["setting"]: r for r in pooled}
+    notes = [
+        "† pooled: one model of the same architecture and `[train]` recipe, trained for as "
+        "many epochs as a Local client (rounds × local_epochs) on the union of all clients' "
+        "training splits and scored on each client's test split (the centralized "
+        "reference: its final model, no communication)."
+    ]
+    for setting in settings:
+        row = by_setting.get(setting, {})
+        if _absent(row):
+            why = row.get("absent") or "not run"
+            notes.append(f"pooled is absent in {SETTINGS[setting][0]}: {why}.")
+    return notes
+
+
 def plot_convergence(
-    results: list[RunResult], methods: list[str], settings: list[str], path: Path
+    results: list[RunResult],
+    methods: list[str],
+    settings: list[str],
+    path: Path,
+    pooled: list[dict[str, Any]] | None = None,
 ) -> None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -196,6 +278,9 @@ def plot_convergence(
             rounds = sorted(set().union(*curves))
             mean = [np.mean([c[t] for c in curves if t in c]) for t in rounds]
             ax.plot(rounds, mean, marker="o" if len(rounds) < 12 else None, label=method)
+        reference = next((r for r in pooled or [] if r["setting"] == setting and r["runs"]), None)
+        if reference is not None:
+            ax.axhline(reference["accuracy"]["mean"], color="black", ls="--", lw=1, label="pooled")
         ax.set_title(SETTINGS[setting][0])
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -268,8 +353,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
             f"[{index}/{len(plan)}] {setting:<5} {method:<32} seed {seed}: {status} ({took})\n"
         )
         sys.stdout.flush()
+    pooled_runs = [] if args.no_pooled else _run_pooled_references(args, settings, seeds, out)
     rows = aggregate(results, methods, settings)
-    (out / "compare.md").write_text(markdown_table(rows, methods, settings, seeds))
+    pooled = None if args.no_pooled else aggregate_pooled(pooled_runs, settings)
+    (out / "compare.md").write_text(markdown_table(rows, methods, settings, seeds, pooled))
     (out / "compare.json").write_text(
         json.dumps(
             {
@@ -281,6 +368,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 },
                 "required_model": {m: REQUIRED_MODEL[m] for m in methods if m in REQUIRED_MODEL},
                 "rows": rows,
+                "pooled": pooled,
+                "pooled_runs": [
+                    {
+                        "setting": p.setting,
+                        "seed": p.seed,
+                        "out": str(p.out),
+                        "metrics": p.metrics,
+                        "per_client": p.per_client,
+                        "absent": p.absent,
+                    }
+                    for p in pooled_runs
+                ],
                 "runs": [
                     {
                         "setting": r.setting,
@@ -298,9 +397,46 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
         + "\n"
     )
-    plot_convergence(results, methods, settings, out / "convergence.png")
+    plot_convergence(results, methods, settings, out / "convergence.png", pooled)
     sys.stdout.write((out / "compare.md").read_text() + f"results: {out}\n")
     return 1 if any(r.error for r in results) else 0
+
+
+def _run_pooled_references(
+    args: argparse.Namespace, settings: list[str], seeds: list[int], out: Path
+) -> list[PooledRun]:
+    log = get_logger(client_id="compare")
+    runs = []
+    for setting in settings:
+        for seed in seeds:
+            began = time.monotonic()
+            run = run_pooled(
+                args.config,
+                pooled_overrides(args.overrides, setting, seed),
+                PooledRun(setting, seed, out / setting / "pooled" / f"seed-{seed}"),
+                resume=args.resume,
+            )
+            runs.append(run)
+            seconds = round(time.monotonic() - began, 1)
+            log.info(
+                "compare.pooled_finished",
+                setting=setting,
+                seed=seed,
+                seconds=seconds,
+                absent=run.absent,
+                resumed=run.resumed,
+                **run.metrics,
+            )
+            status = (
+                f"absent: {run.absent}"
+                if run.absent
+                else f"acc {run.metrics['accuracy']:.4f}  f1 {run.metrics['f1']:.4f}  "
+                f"mae {run.metrics['mae']:.3f}"
+            )
+            took = "reused" if run.resumed else f"{seconds} s"
+            sys.stdout.write(f"[pooled] {setting:<5} seed {seed}: {status} ({took})\n")
+            sys.stdout.flush()
+    return runs
 
 
 def add_compare_command(subparsers: Any) -> None:
@@ -321,6 +457,11 @@ def add_compare_command(subparsers: Any) -> None:
         help="data (statistical heterogeneity) and/or model (tiny/middle/large clients)",
     )
     parser.add_argument("--out", type=Path, help="results directory (default runs/compare-<time>)")
+    parser.add_argument(
+        "--no-pooled",
+        action="store_true",
+        help="skip the pooled (centralized) reference row",
+    )
     parser.add_argument(
         "--resume",
         action="store_true",

@@ -42,7 +42,6 @@ class Scene:
         body: dict[str, object] = {
             "classes": np.array(self.classes, np.int64),
             "prototypes": rng.standard_normal((k, self.embed_dim)).astype(np.float32),
-            "counts": np.full(k, 7, np.int64),
         }
         body.update(changes)
         return {key: value for key, value in body.items() if value is not _DROP}
@@ -185,7 +184,14 @@ CATALOGUE: tuple[Hostile, ...] = (
         "unknown_field",
         lambda s: _at(s, s.upload(raw_samples=np.ones((4, 24, 52), np.float32))),
     ),
-    Hostile("a required field missing", "missing_field", lambda s: _at(s, s.upload(counts=_DROP))),
+    Hostile(
+        "per-class counts (FedAPA's server never reads them)",
+        "unknown_field",
+        lambda s: _at(s, s.upload(counts=np.full(3, 7, np.int64))),
+    ),
+    Hostile(
+        "a required field missing", "missing_field", lambda s: _at(s, s.upload(prototypes=_DROP))
+    ),
     Hostile(
         "float64 prototypes",
         "dtype",
@@ -209,7 +215,6 @@ CATALOGUE: tuple[Hostile, ...] = (
             s.upload(
                 classes=np.zeros(0, np.int64),
                 prototypes=np.zeros((0, s.embed_dim), np.float32),
-                counts=np.zeros(0, np.int64),
             ),
         ),
     ),
@@ -223,8 +228,7 @@ CATALOGUE: tuple[Hostile, ...] = (
         "non_finite",
         lambda s: _at(s, s.upload(prototypes=np.full((3, s.embed_dim), np.inf, np.float32))),
     ),
-    Hostile("negative counts", "range", lambda s: _at(s, s.upload(counts=np.array([5, -3, 5])))),
-    Hostile("zero counts", "range", lambda s: _at(s, s.upload(counts=np.array([5, 0, 5])))),
+    Hostile("a negative class", "range", lambda s: _at(s, s.upload(classes=np.array([0, -1, 2])))),
     Hostile(
         "a class out of range",
         "range",
@@ -238,7 +242,7 @@ CATALOGUE: tuple[Hostile, ...] = (
         "type",
         lambda s: _at(s, s.upload(prototypes=[[0.0] * s.embed_dim] * 3)),
     ),
-    Hostile("counts as a string", "type", lambda s: _at(s, s.upload(counts="many"))),
+    Hostile("classes as a string", "type", lambda s: _at(s, s.upload(classes="many"))),
     # --- after the victim's one valid upload --------------------------------------------------
     Hostile(
         "duplicate of an accepted upload", "duplicate", lambda s: _at(s, s.valid()), phase="after"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 import torch
 from inprocess import Federation
 
+from mqttfl.algorithms import fedali
 from mqttfl.algorithms.base import ClientInfo, Context, Upload
 from mqttfl.algorithms.fedali import (
     FedAliClient,
@@ -17,10 +19,11 @@ from mqttfl.algorithms.fedali import (
     global_prototypes,
     weighted_mean_prototypes,
 )
-from mqttfl.algorithms.weights import flatten_weights, weights_length
+from mqttfl.algorithms.weights import flatten_weights, load_weights, weights_length
 from mqttfl.errors import ConfigError
 from mqttfl.models import build_model
 from mqttfl.models.transformer import ALPLayer, ema_update, sinkhorn
+from mqttfl.training.loops import predict_logits
 
 
 # --- Eq. 3: Sinkhorn-Knopp ---------------------------------------------------------------
@@ -184,7 +187,74 @@ def test_clients_start_from_the_same_prototypes_and_local_ones_drift_apart() -> 
     fed.run()
     assert not torch.allclose(a.layers[0].local, b.layers[0].local)
     state = a.state_dict()
-    assert set(state) == {"local_0", "local_1", "global_0", "global_1"}
+    assert set(state) == {"local_0", "local_1", "global_0", "global_1", "next_weights"}
+    fresh = Federation("fedali", arch="transformer", rounds=1).clients[0]
+    assert isinstance(fresh, FedAliClient)
+    fresh.load_state_dict(state)  # a restarted client still starts its next round from w_r
+    assert fresh.next_weights is not None
+    np.testing.assert_array_equal(fresh.next_weights, state["next_weights"])
+
+
+# --- the scoring point and local recipe of the official code ------------------------------
+def test_a_client_is_scored_on_the_model_it_trained_not_on_the_download(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The runtime evaluates right after ``receive``; the official code evaluates right
+    after ``fit``. Loading the averaged weights in ``receive`` would fail this test."""
+    fed = Federation("fedali", arch="transformer", rounds=1)
+    client = fed.clients[0]
+    assert isinstance(client, FedAliClient)
+    fed.round(1)  # train, upload, aggregate, receive, predict: the runtime's order
+    trained = fed.uploads[0].body["weights"]
+    averaged = fed.server.aggregate(1, fed.uploads).broadcast["weights"]["transformer"]
+    assert np.abs(trained - averaged).max() > 1e-5  # the two models do differ
+    np.testing.assert_array_equal(flatten_weights(client.model), trained)
+    x = client.shard.x_test
+    scored = client.predict(x)
+    np.testing.assert_array_equal(scored, predict_logits(client.model, x).argmax(axis=1))
+    downloaded = copy.deepcopy(client.model)
+    load_weights(downloaded, averaged)
+    assert not np.array_equal(predict_logits(downloaded, x), predict_logits(client.model, x))
+
+    # ... and the next local training starts from the averaged weights (Algorithm 2, l. 6)
+    started_from: list[np.ndarray] = []
+    real_train = fedali.train_epochs
+
+    def spy(model: torch.nn.Module, *args: object, **kwargs: object) -> float:
+        started_from.append(flatten_weights(model))
+        return real_train(model, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fedali, "train_epochs", spy)
+    client.train(2, {}, np.random.default_rng(2))
+    np.testing.assert_allclose(started_from[0], averaged, rtol=0, atol=0)
+    assert client.next_weights is None
+
+
+def test_local_training_is_the_papers_adam_five_epochs_batch_64(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fed = Federation("fedali", arch="transformer", rounds=1)
+    client = fed.clients[0]
+    assert isinstance(client, FedAliClient)
+    optimizer = client.local_optimizer()
+    assert isinstance(optimizer, torch.optim.Adam)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)
+    assert client.local_optimizer() is not optimizer  # a fresh one every round
+    seen: dict[str, object] = {}
+
+    def record(*args: object, epochs: int, batch_size: int, **kwargs: object) -> float:
+        seen.update(epochs=epochs, batch_size=batch_size, optimizer=args[1])
+        return 0.0
+
+    monkeypatch.setattr(fedali, "train_epochs", record)
+    client.train(1, {}, np.random.default_rng(0))
+    assert seen["epochs"] == 5 and seen["batch_size"] == 64
+    assert isinstance(seen["optimizer"], torch.optim.Adam)
+    sgd = Federation("fedali", arch="transformer", rounds=1, local_optimizer="train").clients[0]
+    sgd.train(1, {}, np.random.default_rng(0))
+    assert seen["optimizer"] is sgd.optimizer  # the run's [train] SGD, its epochs and batch
+    assert seen["epochs"] == sgd.train_config.local_epochs
+    assert seen["batch_size"] == sgd.train_config.batch_size
 
 
 def test_fedali_refuses_models_without_alp_layers_and_wrong_counts() -> None:

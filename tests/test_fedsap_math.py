@@ -26,6 +26,7 @@ from mqttfl.algorithms.fedsap import (
     strong_view,
     weak_view,
 )
+from mqttfl.algorithms.prototypes import prototype_distance, prototype_squared_distance
 
 
 # --- Eq. 7 with the appendix's start round: 0 up to round 20, 0.7 at round 100 ------------
@@ -81,6 +82,7 @@ def test_server_schedules_lambda_up_to_the_last_round_and_the_semi_phase() -> No
             params=FedSAPParams(semi_supervised=True, supervised_rounds=60),
         )
     )
+    assert server.start_round == 20  # 0.2 of 100 rounds: the appendix's round 20
     assert server.round_params(20) == {"lambda": 0.0, "semi": False}
     assert server.round_params(60)["lambda"] == pytest.approx(0.35)
     assert server.round_params(61)["semi"] is True
@@ -109,8 +111,11 @@ def test_proxy_loss_leaves_out_unavailable_classes_and_their_samples() -> None:
     assert float(loss) == pytest.approx(math.log1p(math.exp(6.4)), rel=1e-6)
 
 
-def test_supervised_loss_is_eq_3() -> None:
-    fed = Federation("fedsap", clients=1, rounds=1, proxy_scale=8.0)
+@pytest.mark.parametrize(("form", "proto_term"), [("squared", 8 * 0.25), ("mse", 0.25)])
+def test_supervised_loss_is_eq_3(form: str, proto_term: float) -> None:
+    # z = 0.5·1 against p̄_0 = 1 in d = 8: ‖z - p̄_0‖² = 8·0.25 = 2 (Eq. 5 as written);
+    # torch's MSE divides that by d: 0.25
+    fed = Federation("fedsap", clients=1, rounds=1, proxy_scale=8.0, proto_distance=form)
     client = fed.clients[0]
     assert isinstance(client, FedSAPClient)
     client.bank = torch.tensor([[1.0] * 8, [0.0] * 8, [2.0] * 8, [-1.0] * 8])
@@ -118,10 +123,27 @@ def test_supervised_loss_is_eq_3() -> None:
     logits, z, y = torch.tensor([[1.0, 0.5, 0.0, 0.0]]), torch.ones(1, 8) * 0.5, torch.tensor([0])
     expected = (
         float(F.cross_entropy(logits, y))
-        + 0.3 * 0.25
+        + 0.3 * proto_term
         + float(proxy_loss(z, client.bank, y, client.available, 8.0))
     )
     assert float(client.loss(1, {"lambda": 0.3}, logits, z, y)) == pytest.approx(expected, rel=1e-6)
+
+
+def test_eq_5_squared_distance_by_hand() -> None:
+    # sample 0 (class 0): ‖[1,2] - [0,0]‖² = 5; sample 1 (class 1): ‖[4,4] - [5,5]‖² = 2;
+    # sample 2's class is not in the bank and is left out: (5 + 2) / 2 = 3.5
+    z = torch.tensor([[1.0, 2.0], [4.0, 4.0], [9.0, 9.0]])
+    bank = torch.tensor([[0.0, 0.0], [5.0, 5.0], [1.0, 1.0]])
+    y, available = torch.tensor([0, 1, 2]), torch.tensor([True, True, False])
+    assert float(prototype_squared_distance(z, bank, y, available)) == pytest.approx(3.5)
+    assert float(prototype_distance(z, bank, y, available, "mse")) == pytest.approx(3.5 / 2)
+    assert float(prototype_distance(z, bank, y, available, "squared")) == pytest.approx(3.5)
+    nobody = torch.tensor([False, False, False])
+    assert float(prototype_squared_distance(z, bank, y, nobody)) == 0.0
+
+
+def test_eq_5_default_is_torchs_mse_as_in_fedprotos_code() -> None:
+    assert FedSAPParams().proto_distance == "mse"
 
 
 # --- Sec. 3.6: pseudo-labels, thresholds, consistency, mixed prototypes --------------------

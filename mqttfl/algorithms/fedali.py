@@ -16,16 +16,26 @@ centroids are the next global prototypes. Local prototypes go up, global ones co
 down: an upload never carries global prototypes and a downlink never local ones. In
 round 1 every client starts from the same seeded prototypes, which stand in for the
 server's initial P_global.
+
+Scoring point and local recipe, as the authors run it (getalp/FedAli, ``fed_util.py``:
+each round a client loads the server weights, fits, then evaluates the fitted model):
+the model a client scores in round t is the one it trained in round t. The averaged
+weights that come down are kept aside (:meth:`FedAliClient.receive`) and loaded at the
+start of the next local training (:meth:`FedAliClient.train`), so a client is never
+scored on the bare global model. Local training is the paper's (Sec. 5.1): a fresh
+Adam (lr 1e-4) each round, 5 local epochs, batch 64 (``local_*`` parameters; set
+``local_optimizer = "train"`` for the run's ``[train]`` SGD instead).
 """
 
 from __future__ import annotations
 
 import warnings
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from scipy.cluster.vq import kmeans2
 
@@ -48,14 +58,18 @@ from mqttfl.algorithms.weights import (
     weights_length,
 )
 from mqttfl.errors import ConfigError
+from mqttfl.training.loops import train_epochs
 from mqttfl.wire.schemas import ArrayField, IntField, PayloadSchema
 
 
 class FedAliParams(BaseModel):
-    """β=0.2, γ=0.999, ε=0.05 and 3 Sinkhorn iterations are the paper's (Sec. 5.1.3).
+    """β=0.2, γ=0.999, ε=0.05 and 3 Sinkhorn iterations are the paper's (Sec. 5.1.3), and
+    so is local training (Sec. 5.1): Adam with lr 1e-4, 5 local epochs, batch 64.
 
     The paper's counts (2048, 1024, ..., 64) are for six blocks of width 192; the default
     here halves from 64 for the two blocks of the CPU-sized transformer.
+    ``local_optimizer = "train"`` trains with the run's ``[train]`` table (SGD, its lr,
+    epochs and batch size) instead, e.g. to match FedAvg's recipe exactly.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -65,6 +79,10 @@ class FedAliParams(BaseModel):
     sinkhorn_epsilon: float = Field(0.05, gt=0)
     sinkhorn_iterations: int = Field(3, ge=1)
     kmeans_iterations: int = Field(10, ge=1)
+    local_optimizer: Literal["adam", "train"] = "adam"
+    local_lr: float = Field(1e-4, gt=0)  # Adam's learning rate
+    local_epochs: int = Field(5, ge=1)
+    local_batch_size: int = Field(64, ge=1)
 
 
 def local_key(layer: int) -> str:
@@ -141,10 +159,13 @@ class FedAliServer(ServerSide):
 
 
 class FedAliClient(FedAvgClient):
+    """Trains from the latest averaged weights, is scored on what it trained."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         p: FedAliParams = self.ctx.params
         _check_layers(self.ctx, self.info.arch)
+        self.next_weights: np.ndarray | None = None  # w_r, loaded when training starts
         self.layers = self.model.alp_layers()  # type: ignore[operator]
         for index, (layer, count) in enumerate(zip(self.layers, p.prototype_counts, strict=True)):
             generator = torch.Generator().manual_seed(self.ctx.seed * 1000 + index)
@@ -188,19 +209,50 @@ class FedAliClient(FedAvgClient):
             expect_array(shared, str(index), tuple(layer.shared.shape))
 
     def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+        """Keep w_{r+1} for the next local training (Algorithm 2, line 4) without loading
+        it: the evaluation that follows scores the model trained this round, as the
+        official code does. P_global only acts in training, so it is taken at once."""
         weights = broadcast.get("weights", {}).get(group_key(self.info))
         if weights is not None:
-            load_weights(self.model, weights)
+            self.next_weights = np.asarray(weights, np.float32)
         for index, layer in enumerate(self.layers):
             shared = broadcast.get("global", {}).get(str(index))
             if shared is not None:
                 layer.shared = torch.from_numpy(np.asarray(shared, np.float32))
+
+    def local_optimizer(self) -> torch.optim.Optimizer:
+        """A fresh Adam(lr) per round, as the official code compiles one per round; or the
+        run's persistent ``[train]`` SGD with ``local_optimizer = "train"``."""
+        p: FedAliParams = self.ctx.params
+        if p.local_optimizer == "train":
+            return self.optimizer
+        return torch.optim.Adam(self.model.parameters(), lr=p.local_lr)
+
+    def train(self, t: int, params: dict[str, Any], rng: np.random.Generator) -> float:
+        """localTrainALP (Algorithm 2, line 6): start from w_r, then fit with CE."""
+        if self.next_weights is not None:
+            load_weights(self.model, self.next_weights)
+            self.next_weights = None
+        p: FedAliParams = self.ctx.params
+        recipe = p.local_optimizer == "train"
+        return train_epochs(
+            self.model,
+            self.local_optimizer(),
+            self.shard.x_train,
+            self.shard.y_train,
+            lambda logits, z, y: F.cross_entropy(logits, y),
+            epochs=self.train_config.local_epochs if recipe else p.local_epochs,
+            batch_size=self.train_config.batch_size if recipe else p.local_batch_size,
+            rng=rng,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         state = {}
         for index, layer in enumerate(self.layers):
             state[f"local_{index}"] = layer.local.numpy().copy()
             state[f"global_{index}"] = layer.shared.numpy().copy()
+        if self.next_weights is not None:
+            state["next_weights"] = self.next_weights
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -208,6 +260,8 @@ class FedAliClient(FedAvgClient):
             if f"local_{index}" in state:
                 layer.local = torch.from_numpy(np.asarray(state[f"local_{index}"], np.float32))
                 layer.shared = torch.from_numpy(np.asarray(state[f"global_{index}"], np.float32))
+        if "next_weights" in state:
+            self.next_weights = np.asarray(state["next_weights"], np.float32)
 
 
 ALGORITHMS = (

@@ -1,6 +1,8 @@
 """FedAPA: adaptive prototype aggregation (../shared/seeds/000_a5a72d69d197eb5b.txt).
 
-Clients share class prototypes only (Eq. 4) with their per-class sample counts. The
+Clients share class prototypes only (Eq. 4): no per-class sample counts, since the
+server never reads them (Eq. 8 pads with the plain mean over holders), and a label
+histogram is more than the paper's privacy argument (prototypes only) hands over. The
 server weighs peers' prototypes by cosine similarity (Eq. 5) through a softmax with
 temperature τ (Eq. 6) into one personalized prototype set Q_i per client (Eq. 7), pads
 the classes a client lacks with the mean over the clients that have them in both Q_i
@@ -35,20 +37,36 @@ from mqttfl.algorithms.base import (
     Upload,
     expect_array,
 )
+from mqttfl.logs import get_logger
 from mqttfl.training.loops import class_prototypes, embed_all
 from mqttfl.wire.schemas import ArrayField, PayloadSchema
 
+#: the paper's default T_warm (stated under Eq. 11)
+PAPER_WARMUP_ROUNDS = 50
+
 
 class FedAPAParams(BaseModel):
-    """Defaults are the paper's: τ=0.5, λ from 0 to 1 over T_warm=50 rounds."""
+    """Defaults are the paper's: τ=0.5, λ from 0 to 1 over T_warm=50 rounds.
+
+    Left unset, ``warmup_rounds`` is the paper's 50 capped at half the run
+    (:func:`warmup_length`), so a run shorter than 100 rounds still reaches λ_max and
+    spends its second half there; set it to pin T_warm.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     tau: float = Field(0.5, gt=0)
     lambda_min: float = Field(0.0, ge=0)
     lambda_max: float = Field(1.0, ge=0)
-    warmup_rounds: int = Field(50, ge=1)
+    warmup_rounds: int | None = Field(None, ge=1)
     aggregation: Literal["similarity", "mean"] = "similarity"
     use_client_prototypes: bool = True
+
+
+def warmup_length(rounds: int, warmup_rounds: int | None) -> int:
+    """T_warm of Eq. 11: ``warmup_rounds`` if set, else min(50, max(1, ⌊T/2⌋))."""
+    if warmup_rounds is not None:
+        return warmup_rounds
+    return min(PAPER_WARMUP_ROUNDS, max(1, rounds // 2))
 
 
 def warmup_lambda(t: int, *, lambda_min: float, lambda_max: float, warmup_rounds: int) -> float:
@@ -148,16 +166,16 @@ def prototype_contrast(
     return F.cross_entropy(logits.reshape(-1, logits.shape[2]), target.repeat(n))
 
 
-def prototype_schema(ctx: Context) -> PayloadSchema:
-    """Per-class prototypes and per-class sample counts, nothing else."""
-    return PayloadSchema(
-        {
-            "classes": ArrayField("int64", ("k",), 0, ctx.num_classes - 1, unique=True),
-            "prototypes": ArrayField("float32", ("k", ctx.embed_dim)),
-            "counts": ArrayField("int64", ("k",), 1, None),
-        },
-        dims={"k": (1, ctx.num_classes)},
-    )
+def prototype_schema(ctx: Context, *, counts: bool = False) -> PayloadSchema:
+    """Per-class prototypes, nothing else; per-class sample counts too with ``counts``
+    (for a server that weights by them, e.g. FedProto's ``proto_weighting="samples"``)."""
+    fields = {
+        "classes": ArrayField("int64", ("k",), 0, ctx.num_classes - 1, unique=True),
+        "prototypes": ArrayField("float32", ("k", ctx.embed_dim)),
+    }
+    if counts:
+        fields["counts"] = ArrayField("int64", ("k",), 1, None)
+    return PayloadSchema(fields, dims={"k": (1, ctx.num_classes)})
 
 
 def stack_uploads(
@@ -173,10 +191,21 @@ def stack_uploads(
 
 
 class FedAPAServer(ServerSide):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.warmup_rounds = warmup_length(ctx.rounds, ctx.params.warmup_rounds)
+        if self.warmup_rounds > ctx.rounds:
+            get_logger().warning(
+                "fedapa.warmup_exceeds_run",
+                warmup_rounds=self.warmup_rounds,
+                rounds=ctx.rounds,
+                reason="λ_t never reaches lambda_max in this run",
+            )
+
     def round_params(self, t: int) -> dict[str, Any]:
         p: FedAPAParams = self.ctx.params
         lam = warmup_lambda(
-            t, lambda_min=p.lambda_min, lambda_max=p.lambda_max, warmup_rounds=p.warmup_rounds
+            t, lambda_min=p.lambda_min, lambda_max=p.lambda_max, warmup_rounds=self.warmup_rounds
         )
         return {"lambda": lam}
 
@@ -222,10 +251,11 @@ class FedAPAClient(ClientSide):
         return loss + lam * extra
 
     def make_upload(self, t: int) -> dict[str, Any]:
-        """Eq. 4 over the local training set with the freshly trained encoder."""
+        """Eq. 4 over the local training set with the freshly trained encoder; the
+        per-class counts stay on the device."""
         embeddings = embed_all(self.model, self.shard.x_train)
-        classes, protos, counts = class_prototypes(embeddings, self.shard.y_train)
-        return {"classes": classes, "prototypes": protos, "counts": counts}
+        classes, protos, _ = class_prototypes(embeddings, self.shard.y_train)
+        return {"classes": classes, "prototypes": protos}
 
     def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
         c, d = self.ctx.num_classes, self.ctx.embed_dim

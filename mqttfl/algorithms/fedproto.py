@@ -3,7 +3,8 @@
 Clients share class prototypes only, so they may run different architectures (all
 embed into ``model.embed_dim``). Server: the class-wise mean of the uploaded prototypes
 over the clients holding each class (``proto_weighting="samples"`` weights it by the
-clients' per-class sample counts instead, as in the paper's Eq. 6). Client: cross-entropy
+clients' per-class sample counts instead, as in the paper's Eq. 6; only then do the
+clients upload those counts). Client: cross-entropy
 plus λ·MSE between each embedding and its class's global prototype; it predicts with its
 classifier head or by the nearest global prototype (``inference``), and reports both.
 """
@@ -36,6 +37,11 @@ class FedProtoServer(BankServer):
 
 
 class FedProtoClient(PrototypeClient):
+    @classmethod
+    def uploads_counts(cls, ctx: Context) -> bool:
+        """Only the sample-weighted bank (``proto_weighting="samples"``) reads counts."""
+        return bool(ctx.params.proto_weighting == "samples")
+
     def loss(
         self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor
     ) -> Tensor:

@@ -3,8 +3,9 @@
 The server keeps one global bank: per class, the mean of the prototypes of the clients
 that observed it this round (FedSAP Eq. 2; FedProto's aggregation). The client uploads
 its class prototypes (the :func:`~mqttfl.algorithms.fedapa.prototype_schema` payload:
-classes, prototypes, counts; never weights), keeps the bank it receives, and can
-classify either with its classifier head or by the nearest global prototype.
+classes and prototypes, never weights; per-class counts only when the server weights the
+bank by them, :meth:`PrototypeClient.uploads_counts`), keeps the bank it receives, and
+can classify either with its classifier head or by the nearest global prototype.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from mqttfl.training.metrics import classification_report
 from mqttfl.wire.schemas import PayloadSchema
 
 Inference = Literal["head", "prototype"]
+#: "squared": ‖r(h) - p̄_y‖² as FedSAP's Eq. 5 writes it; "mse": the same divided by d,
+#: torch's MSE as FedProto's reference code computes its regularizer
+ProtoDistance = Literal["squared", "mse"]
 
 
 def global_bank(
@@ -75,6 +79,27 @@ def prototype_mse(embedding: Tensor, bank: Tensor, y: Tensor, available: Tensor)
     return F.mse_loss(embedding[keep], bank[y[keep]])
 
 
+def prototype_squared_distance(
+    embedding: Tensor, bank: Tensor, y: Tensor, available: Tensor
+) -> Tensor:
+    """FedSAP Eq. 5 as written: the batch mean of ‖r(h_i) - p̄_{y_i}‖₂² (summed over the d
+    dimensions, so d times :func:`prototype_mse`), over the samples whose class is in the
+    bank."""
+    keep = available[y]
+    if not bool(keep.any()):
+        return embedding.sum() * 0.0
+    return (embedding[keep] - bank[y[keep]]).pow(2).sum(dim=1).mean()
+
+
+def prototype_distance(
+    embedding: Tensor, bank: Tensor, y: Tensor, available: Tensor, form: ProtoDistance
+) -> Tensor:
+    """L_Proto in the chosen form: ``squared`` (Eq. 5) or ``mse`` (÷ d, FedProto's code)."""
+    if form == "squared":
+        return prototype_squared_distance(embedding, bank, y, available)
+    return prototype_mse(embedding, bank, y, available)
+
+
 class BankServer(ServerSide):
     """Broadcasts the global bank of Eq. 2 (unweighted mean over holders)."""
 
@@ -100,17 +125,29 @@ class PrototypeClient(ClientSide):
         self.available: Tensor | None = None  # (C,) bool
 
     @classmethod
+    def uploads_counts(cls, ctx: Context) -> bool:
+        """Whether the server reads per-class sample counts (else they stay on the device)."""
+        return False
+
+    @classmethod
     def upload_schema(cls, ctx: Context, info: ClientInfo) -> PayloadSchema:
-        return prototype_schema(ctx)
+        return prototype_schema(ctx, counts=cls.uploads_counts(ctx))
 
     def labelled(self) -> tuple[np.ndarray, np.ndarray]:
         return self.shard.x_train, self.shard.y_train
 
+    def upload_body(
+        self, classes: np.ndarray, prototypes: np.ndarray, counts: np.ndarray
+    ) -> dict[str, Any]:
+        body = {"classes": classes, "prototypes": prototypes}
+        if self.uploads_counts(self.ctx):
+            body["counts"] = counts
+        return body
+
     def make_upload(self, t: int) -> dict[str, Any]:
         """Eq. 1 (FedSAP) / FedProto: mean embedding per local class, after training."""
         x, y = self.labelled()
-        classes, protos, counts = class_prototypes(embed_all(self.model, x), y)
-        return {"classes": classes, "prototypes": protos, "counts": counts}
+        return self.upload_body(*class_prototypes(embed_all(self.model, x), y))
 
     def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
         bank = expect_array(broadcast, "prototypes", (self.ctx.num_classes, self.ctx.embed_dim))

@@ -17,7 +17,6 @@ never in the weight vector of :mod:`mqttfl.algorithms.weights`.
 from __future__ import annotations
 
 import math
-from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -173,7 +172,7 @@ class TransformerEncoderNet(EmbeddingModel):
         self.classifier = nn.Linear(embed_dim, num_classes)
 
     def alp_layers(self) -> list[ALPLayer]:
-        return [cast(EncoderBlock, block).alp for block in self.blocks]
+        return [block.alp for block in self.blocks if isinstance(block, EncoderBlock)]
 
     def embed(self, x: Tensor) -> Tensor:
         """(B, T, S) or (B, 1, T, S) amplitude windows -> (B, embed_dim)."""
