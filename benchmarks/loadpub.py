@@ -3,7 +3,7 @@
 Each client announces itself on its retained status topic like a real mqttfl client,
 subscribes to its personal downlink, and, whenever the coordinator starts a round that
 selects it, publishes one FedAPA upload: ``classes`` (k int64), ``prototypes`` (k×d
-float32) and ``counts`` (k int64), with k = C, i.e. 21×256 float32 = 21 KB of prototypes.
+float32), with k = C, i.e. 21×256 float32 = 21 KB of prototypes.
 
 The messages are built here with the wire format of ``mqttfl.wire.codec`` (msgpack
 envelope, arrays as extension 1 holding ``[dtype, shape, bytes]``) rather than imported,
@@ -73,7 +73,6 @@ def upload_body(rng: np.random.Generator, classes: int, dim: int) -> dict[str, A
     return {
         "classes": np.arange(classes, dtype=np.int64),
         "prototypes": rng.standard_normal((classes, dim)).astype(np.float32),
-        "counts": rng.integers(1, 50, size=classes).astype(np.int64),
     }
 
 

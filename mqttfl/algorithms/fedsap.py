@@ -37,7 +37,6 @@ cosine consistency loss (Eq. 12). Its uploads become the mixed prototypes of Eq.
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -57,6 +56,7 @@ from mqttfl.algorithms.prototypes import (
 )
 from mqttfl.logs import get_logger
 from mqttfl.training.loops import batches, embed_all, train_epochs
+from mqttfl.wire.topics import client_number
 
 Schedule = Literal["linear", "cosine", "sigmoid", "step", "constant"]
 _SIGMOID_STEEPNESS = 10.0
@@ -273,7 +273,7 @@ class FedSAPClient(PrototypeClient):
         self.labelled_index = np.arange(n)
         self.pool: np.ndarray | None = None  # the unlabelled pool (labels dropped)
         if p.semi_supervised:
-            rng = np.random.default_rng([self.ctx.seed, 7, _client_number(self.info.client_id)])
+            rng = np.random.default_rng([self.ctx.seed, 7, client_number(self.info.client_id)])
             order = rng.permutation(n)
             size = min(n - 1, int(p.unlabelled_fraction * n))
             self.pool = self.shard.x_train[np.sort(order[:size])]
@@ -387,7 +387,7 @@ class FedSAPClient(PrototypeClient):
             return super().make_upload(t)
         assert self.pool is not None and self.bank is not None and self.available is not None
         assert self.thresholds is not None
-        rng = np.random.default_rng([self.ctx.seed, t, _client_number(self.info.client_id)])
+        rng = np.random.default_rng([self.ctx.seed, t, client_number(self.info.client_id)])
         x, y = self.labelled()
         weak = torch.from_numpy(embed_all(self.model, weak_view(self.pool, rng)))
         strong = embed_all(self.model, strong_view(self.pool, rng))
@@ -420,10 +420,6 @@ class FedSAPClient(PrototypeClient):
         if "thresholds" in state:
             margin, d_max = (float(v) for v in np.asarray(state["thresholds"]))
             self.thresholds = (margin, d_max)
-
-
-def _client_number(client_id: str) -> int:
-    return int(client_id) if client_id.isdigit() else zlib.crc32(client_id.encode())
 
 
 ALGORITHMS = (

@@ -54,7 +54,6 @@ def prototype_upload(
     body = {
         "classes": np.asarray(classes, np.int64),
         "prototypes": rng.standard_normal((len(classes), embed_dim)).astype(np.float32),
-        "counts": np.full(len(classes), 5, np.int64),
     }
     return encode(Message("upload", run, t, client_id, body))
 
