@@ -27,12 +27,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
-from mqttfl.models import EmbeddingModel, build_model
+from mqttfl.lazy import lazy_import
 from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
 from mqttfl.training.metrics import classification_report
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+
+    from mqttfl.models import EmbeddingModel
+else:
+    torch = lazy_import("torch")
+    F = lazy_import("torch.nn.functional")
 
 if TYPE_CHECKING:
     from mqttfl.config import RunConfig, TrainConfig
@@ -89,6 +96,8 @@ def train_pooled(
     """One model of ``arch`` trained with cross-entropy on (x, y): ``make_optimizer(train)``,
     ``epochs`` shuffled passes in batches of ``train.batch_size``."""
     torch.manual_seed(seed)  # the clients' initial weights
+    from mqttfl.models import build_model
+
     model = build_model(
         arch,
         num_classes=num_classes,

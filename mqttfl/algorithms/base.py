@@ -13,13 +13,18 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict
-from torch import Tensor
 
 from mqttfl.errors import WireError
+from mqttfl.lazy import lazy_import
 from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
 from mqttfl.wire.schemas import ClientInfo, PayloadSchema
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+else:
+    torch = lazy_import("torch")
 
 if TYPE_CHECKING:
     from mqttfl.config import TrainConfig

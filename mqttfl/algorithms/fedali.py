@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import warnings
 from functools import lru_cache
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from scipy.cluster.vq import kmeans2
 
@@ -58,8 +56,16 @@ from mqttfl.algorithms.weights import (
     weights_length,
 )
 from mqttfl.errors import ConfigError
+from mqttfl.lazy import lazy_import
 from mqttfl.training.loops import train_epochs
 from mqttfl.wire.schemas import ArrayField, IntField, PayloadSchema
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+else:
+    torch = lazy_import("torch")
+    F = lazy_import("torch.nn.functional")
 
 
 class FedAliParams(BaseModel):

@@ -19,13 +19,10 @@ the plain mean and keeps L_c.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
-from torch import Tensor
 
 from mqttfl.algorithms.base import (
     Algorithm,
@@ -37,9 +34,18 @@ from mqttfl.algorithms.base import (
     Upload,
     expect_array,
 )
+from mqttfl.lazy import lazy_import
 from mqttfl.logs import get_logger
 from mqttfl.training.loops import class_prototypes, embed_all
 from mqttfl.wire.schemas import ArrayField, PayloadSchema
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+    from torch import Tensor
+else:
+    torch = lazy_import("torch")
+    F = lazy_import("torch.nn.functional")
 
 #: the paper's default T_warm (stated under Eq. 11)
 PAPER_WARMUP_ROUNDS = 50

@@ -13,17 +13,24 @@ Inference uses the adjusted head.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
-from torch import Tensor, nn
 
 from mqttfl.algorithms.base import Algorithm
 from mqttfl.algorithms.fedavg import FedAvgClient, FedAvgServer
+from mqttfl.lazy import lazy_import, no_grad
 from mqttfl.training.loops import batches
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+    from torch import Tensor, nn
+else:
+    torch = lazy_import("torch")
+    F = lazy_import("torch.nn.functional")
+    nn = lazy_import("torch.nn")
 
 
 class FedPAMParams(BaseModel):
@@ -71,7 +78,7 @@ class FedPAMClient(FedAvgClient):
         anchors = adjusted_head(self.model.classifier.weight, self.pam)
         return loss + p.pam_lambda * personalized_contrastive_loss(embedding, y, anchors, p.pcl_tau)
 
-    @torch.no_grad()
+    @no_grad
     def predict(self, x: np.ndarray) -> np.ndarray:
         """The adjusted head: argmax_c (W·P_k·z + b)_c."""
         self.model.eval()

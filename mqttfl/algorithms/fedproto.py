@@ -11,14 +11,19 @@ classifier head or by the nearest global prototype (``inference``), and reports 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
-from torch import Tensor
 
 from mqttfl.algorithms.base import Algorithm, Context
 from mqttfl.algorithms.prototypes import BankServer, Inference, PrototypeClient, prototype_mse
+from mqttfl.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch.nn.functional as F
+    from torch import Tensor
+else:
+    F = lazy_import("torch.nn.functional")
 
 
 class FedProtoParams(BaseModel):

@@ -38,13 +38,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
-from torch import Tensor
 
 from mqttfl.algorithms.base import Algorithm, Context
 from mqttfl.algorithms.prototypes import (
@@ -54,9 +51,18 @@ from mqttfl.algorithms.prototypes import (
     PrototypeClient,
     prototype_distance,
 )
+from mqttfl.lazy import lazy_import
 from mqttfl.logs import get_logger
 from mqttfl.training.loops import batches, embed_all, train_epochs
 from mqttfl.wire.topics import client_number
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+    from torch import Tensor
+else:
+    torch = lazy_import("torch")
+    F = lazy_import("torch.nn.functional")
 
 Schedule = Literal["linear", "cosine", "sigmoid", "step", "constant"]
 _SIGMOID_STEEPNESS = 10.0

@@ -10,12 +10,9 @@ can classify either with its classifier head or by the nearest global prototype.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import Tensor
 
 from mqttfl.algorithms.base import (
     ClientInfo,
@@ -28,9 +25,18 @@ from mqttfl.algorithms.base import (
 )
 from mqttfl.algorithms.fedapa import prototype_schema, stack_uploads
 from mqttfl.errors import WireError
+from mqttfl.lazy import lazy_import, no_grad
 from mqttfl.training.loops import class_prototypes, embed_all
 from mqttfl.training.metrics import classification_report
 from mqttfl.wire.schemas import PayloadSchema
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+    from torch import Tensor
+else:
+    torch = lazy_import("torch")
+    F = lazy_import("torch.nn.functional")
 
 Inference = Literal["head", "prototype"]
 #: "squared": ‖r(h) - p̄_y‖² as FedSAP's Eq. 5 writes it; "mse": the same divided by d,
@@ -164,7 +170,7 @@ class PrototypeClient(ClientSide):
         return self.bank is not None and self.available is not None and bool(self.available.any())
 
     # --- inference --------------------------------------------------------------
-    @torch.no_grad()
+    @no_grad
     def _both_predictions(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         z = torch.from_numpy(embed_all(self.model, x))
         head = self.model.classify(z).argmax(dim=1).numpy()

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import nn
 
 from mqttfl.algorithms.base import ClientInfo, Context, Upload
 from mqttfl.errors import MqttflError
+from mqttfl.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:
+    torch = lazy_import("torch")
+    nn = lazy_import("torch.nn")
 
 
 def _float_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:

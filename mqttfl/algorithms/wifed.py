@@ -10,17 +10,23 @@ starts again from the global model, so fine-tuning never leaks into the average.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from mqttfl.algorithms.base import Algorithm
 from mqttfl.algorithms.fedavg import FedAvgClient, FedAvgServer
-from mqttfl.models import EmbeddingModel
+from mqttfl.lazy import lazy_import
 from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
 from mqttfl.wire.topics import client_number
+
+if TYPE_CHECKING:
+    import torch.nn.functional as F
+
+    from mqttfl.models import EmbeddingModel
+else:
+    F = lazy_import("torch.nn.functional")
 
 
 class WiFedParams(BaseModel):

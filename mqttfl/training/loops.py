@@ -6,15 +6,22 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import Tensor, nn
+
+from mqttfl.lazy import lazy_import, no_grad
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+else:
+    torch = lazy_import("torch")
+    nn = lazy_import("torch.nn")
 
 if TYPE_CHECKING:
     from mqttfl.config import TrainConfig
     from mqttfl.models.base import EmbeddingModel
 
 # loss(logits, embedding, labels) -> scalar tensor
-LossFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+LossFn = Callable[["Tensor", "Tensor", "Tensor"], "Tensor"]
 
 
 def batches(
@@ -62,7 +69,7 @@ def train_epochs(
     return mean
 
 
-@torch.no_grad()
+@no_grad
 def embed_all(model: EmbeddingModel, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
     """Embeddings r(h) of every sample, in eval mode (Eq. 4 averages these)."""
     model.eval()
@@ -70,7 +77,7 @@ def embed_all(model: EmbeddingModel, x: np.ndarray, batch_size: int = 256) -> np
     return torch.cat(parts).numpy() if parts else np.zeros((0, model.embed_dim), np.float32)
 
 
-@torch.no_grad()
+@no_grad
 def predict_logits(model: nn.Module, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
     model.eval()
     parts = [model(xb)[0] for xb, _ in batches(x, np.zeros(len(x)), batch_size, None)]
