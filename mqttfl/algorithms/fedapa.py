@@ -11,6 +11,18 @@ and P_i (Eq. 8), and returns Q_i to client i and the full padded set P to everyo
 L_g aligns embeddings with Q_i (Eq. 9), L_c with every client's P_j (Eq. 10), and λ_t
 follows the cosine warm-up of Eq. 11 (Algorithm 2).
 
+**Bounded downlinks.** Eq. 10's L_c needs P, every client's padded set: N·C·d·4 bytes
+per client-round, N² in all (2.15 MB per client at N=100, C=21, d=256). With more than
+k+1 uploads in a round (k = ``max_peer_sets``), client i instead receives, in its
+personal downlink, its own set P_i and k peers' sets drawn uniformly without replacement
+(seeded by run, round and client), with weights 1/N for its own and (N-1)/(kN) for each
+peer. Each peer is drawn with probability k/(N-1), so the weighted L_c is an unbiased
+estimate of Eq. 10's (1/N)·Σ_j, and the downlink is (k+2)·C·d·4 bytes for any N (236 KB
+at k=9, C=21, d=256). Sampling keeps peers the server finds dissimilar in play, as Eq. 10
+does; the k most similar (Eq. 5) would bias L_c toward sets L_g already pulls toward.
+With N ≤ k+1 every set is sent once, in the broadcast, exactly as the paper's Algorithm 1
+(the default 6-client job).
+
 The two Table IV ablations reuse this module: ``fedapa-global-avg`` replaces Eqs. 5-7
 with one plain mean per class and drops L_c; ``fedapa-global-avg-client-protos`` keeps
 the plain mean and keeps L_c.
@@ -34,6 +46,7 @@ from mqttfl.algorithms.base import (
     Upload,
     expect_array,
 )
+from mqttfl.errors import WireError
 from mqttfl.lazy import lazy_import
 from mqttfl.logs import get_logger
 from mqttfl.training.loops import class_prototypes, embed_all
@@ -66,6 +79,8 @@ class FedAPAParams(BaseModel):
     warmup_rounds: int | None = Field(None, ge=1)
     aggregation: Literal["similarity", "mean"] = "similarity"
     use_client_prototypes: bool = True
+    # k: above k+1 uploads, each client gets its own padded set and k sampled peers'
+    max_peer_sets: int = Field(9, ge=1)
 
 
 def warmup_length(rounds: int, warmup_rounds: int | None) -> int:
@@ -152,12 +167,18 @@ def aggregate_prototypes(
 
 
 def prototype_contrast(
-    embedding: Tensor, anchors: Tensor, y: Tensor, available: Tensor, tau: float
+    embedding: Tensor,
+    anchors: Tensor,
+    y: Tensor,
+    available: Tensor,
+    tau: float,
+    set_weights: Tensor | None = None,
 ) -> Tensor:
     """Eqs. 9-10: E[-log softmax_ŷ(cos(r(h), a^ŷ)/τ)[y]] over the available classes.
 
     ``anchors`` is (C, d) for L_g or (N, C, d) for L_c; for the latter the loss is the
-    mean over the N prototype sets (the 1/N Σ_j of Eq. 10).
+    mean over the N prototype sets (the 1/N Σ_j of Eq. 10), or with ``set_weights``
+    (M,) the weighted sum over M sampled sets (the bounded downlink's estimate of it).
     """
     keep = available[y]
     if not bool(keep.any()):
@@ -169,7 +190,23 @@ def prototype_contrast(
     logits = torch.einsum("bd,ncd->nbc", z, unit) / tau
     logits = logits.masked_fill(~available.view(1, 1, -1), float("-inf"))
     n = logits.shape[0]
-    return F.cross_entropy(logits.reshape(-1, logits.shape[2]), target.repeat(n))
+    if set_weights is None:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[2]), target.repeat(n))
+    per_set = F.cross_entropy(
+        logits.reshape(-1, logits.shape[2]), target.repeat(n), reduction="none"
+    ).view(n, -1)
+    return (set_weights.to(per_set.dtype) * per_set.mean(dim=1)).sum()
+
+
+def peer_sample(n: int, k: int, *, seed: int, t: int, row: int) -> tuple[np.ndarray, np.ndarray]:
+    """Client ``row``'s sets for L_c when n > k+1: itself, then k peers drawn uniformly
+    without replacement; weights 1/n for itself, (n-1)/(k·n) per peer (they sum to 1)."""
+    rng = np.random.default_rng([seed, t, row, 10])
+    peers = rng.choice(np.delete(np.arange(n), row), size=k, replace=False)
+    sets = np.concatenate([[row], np.sort(peers)])
+    weights = np.full(k + 1, (n - 1) / (k * n), np.float32)
+    weights[0] = 1.0 / n
+    return sets, weights
 
 
 def prototype_schema(ctx: Context, *, counts: bool = False) -> PayloadSchema:
@@ -222,20 +259,28 @@ class FedAPAServer(ServerSide):
             protos, mask, tau=p.tau, similarity=p.aggregation == "similarity"
         )
         broadcast: dict[str, Any] = {"available": available.astype(np.uint8)}
-        if p.use_client_prototypes:
-            broadcast["prototypes"] = padded
+        personal: dict[str, dict[str, Any]] = {u.client_id: {} for u in uploads}
+        n, k = len(uploads), p.max_peer_sets
+        if p.use_client_prototypes and n <= k + 1:
+            broadcast["prototypes"] = padded  # exact Eq. 10: every set, once
+        elif p.use_client_prototypes:  # bounded: own set and k sampled peers, per client
+            for row, upload in enumerate(uploads):
+                sets, weights = peer_sample(n, k, seed=self.ctx.seed, t=t, row=row)
+                personal[upload.client_id] = {"peers": padded[sets], "peer_weights": weights}
         if p.aggregation == "mean":  # one global set: send it once, not per client
             broadcast["global"] = q[0] if len(q) else q.reshape(0, self.ctx.embed_dim)
-            return Downlinks(broadcast=broadcast)
-        personal = {u.client_id: {"q": q[row]} for row, u in enumerate(uploads)}
-        return Downlinks(broadcast=broadcast, personal=personal)
+        else:
+            for row, upload in enumerate(uploads):
+                personal[upload.client_id]["q"] = q[row]
+        return Downlinks(broadcast=broadcast, personal={c: b for c, b in personal.items() if b})
 
 
 class FedAPAClient(ClientSide):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.q: Tensor | None = None  # (C, d) personalized Q_i
-        self.p: Tensor | None = None  # (N, C, d) padded P
+        self.p: Tensor | None = None  # (N, C, d) padded P, or (k+1, C, d) sampled sets
+        self.p_weights: Tensor | None = None  # (k+1,) weights of the sampled sets
         self.available: Tensor | None = None  # (C,) bool
 
     @classmethod
@@ -253,7 +298,9 @@ class FedAPAClient(ClientSide):
         tau = self.ctx.params.tau
         extra = prototype_contrast(embedding, self.q, y, self.available, tau)
         if self.p is not None:
-            extra = extra + prototype_contrast(embedding, self.p, y, self.available, tau)
+            extra = extra + prototype_contrast(
+                embedding, self.p, y, self.available, tau, self.p_weights
+            )
         return loss + lam * extra
 
     def make_upload(self, t: int) -> dict[str, Any]:
@@ -268,13 +315,23 @@ class FedAPAClient(ClientSide):
         expect_array(broadcast, "available", (c,), kind="biu")
         expect_array(broadcast, "prototypes", (None, c, d))
         expect_array(broadcast, "global", (c, d))
-        expect_array(personal or {}, "q", (c, d))
+        mine = personal or {}
+        expect_array(mine, "q", (c, d))
+        peers = expect_array(mine, "peers", (None, c, d))
+        weights = expect_array(mine, "peer_weights", (None if peers is None else len(peers),))
+        if (peers is None) != (weights is None):
+            raise WireError("missing_field", "sampled peer sets come with their weights")
 
     def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
         if "available" not in broadcast:
             return
         self.available = torch.from_numpy(broadcast["available"].astype(bool))
-        self.p = torch.from_numpy(broadcast["prototypes"]) if "prototypes" in broadcast else None
+        self.p, self.p_weights = None, None
+        if personal is not None and "peers" in personal:
+            self.p = torch.from_numpy(personal["peers"])
+            self.p_weights = torch.from_numpy(personal["peer_weights"])
+        elif "prototypes" in broadcast:
+            self.p = torch.from_numpy(broadcast["prototypes"])
         if "global" in broadcast:
             self.q = torch.from_numpy(broadcast["global"])
         elif personal is not None and "q" in personal:
@@ -283,12 +340,17 @@ class FedAPAClient(ClientSide):
     def state_dict(self) -> dict[str, Any]:
         return {
             name: value.numpy()
-            for name, value in (("q", self.q), ("p", self.p), ("available", self.available))
+            for name, value in (
+                ("q", self.q),
+                ("p", self.p),
+                ("p_weights", self.p_weights),
+                ("available", self.available),
+            )
             if value is not None
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name in ("q", "p", "available"):
+        for name in ("q", "p", "p_weights", "available"):
             if name in state:
                 setattr(self, name, torch.from_numpy(np.asarray(state[name])))
 
