@@ -51,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a whole local federation (broker, coordinator, clients)")
     _add_config_args(run, positional=True)
     run.add_argument("--out", type=Path, help="run directory (default runs/<run_id>-<time>)")
+    run.add_argument(
+        "--fleets",
+        type=_positive,
+        metavar="K",
+        help="run the clients in K fleet processes (contiguous id blocks) instead of one "
+        "process per client",
+    )
     run.set_defaults(func=cmd_run)
 
     coord = sub.add_parser("coordinator", help="run the coordinator against a broker")
@@ -72,6 +79,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     client.set_defaults(func=cmd_client)
 
+    fleet = sub.add_parser("fleet", help="run many client devices in one process")
+    _add_config_args(fleet)
+    fleet.add_argument("--ids", required=True, help="client ids: ranges and lists, e.g. 0-9,12")
+    fleet.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("client-state"),
+        help="where the clients keep their models between restarts",
+    )
+    fleet.add_argument(
+        "--workers",
+        type=_positive,
+        help="threads that train and evaluate, one client at a time each (default: cores)",
+    )
+    fleet.add_argument(
+        "--credentials-dir",
+        type=Path,
+        help="a directory of <id>.env files, one identity per client (as `broker init` "
+        "writes them in credentials/); default: the config's credentials for all",
+    )
+    fleet.set_defaults(func=cmd_fleet)
+
     models = sub.add_parser("models", help="list models with parameter counts and FLOPs")
     models.add_argument("--num-classes", type=int, default=21)
     models.add_argument("--input", default="64x64", help="input HxW, e.g. 1000x242")
@@ -84,6 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_command(sub)
     add_broker_commands(sub)
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return value
 
 
 def _log_file(name: str, out: Path | None) -> Path:
@@ -174,7 +213,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     broker = _broker_url(args.broker) if args.broker else None
     out = make_dir(args.out or default_out_dir(config), what="--out")
     configure_logging(out / "logs" / "launcher.jsonl", level=config.logging.level)
-    federation = LocalFederation(config, args.config, args.overrides, out, broker)
+    federation = LocalFederation(
+        config, args.config, args.overrides, out, broker, fleets=args.fleets
+    )
     summary = federation.run()
     sys.stdout.write(format_table(summary) + f"\nrun directory: {out}\n")
     return 0
@@ -218,6 +259,34 @@ def cmd_client(args: argparse.Namespace) -> int:
         credentials=_credentials(config),
     )
     return asyncio.run(runner.run())
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    broker = _broker(args)
+    from mqttfl.runtime.fleet import check_ids, log_name, parse_ids, run_fleet, runner_credentials
+
+    ids = parse_ids(args.ids)
+    check_ids(config, ids)
+    credentials = runner_credentials(_credentials(config), ids, args.credentials_dir)
+    _setup_logging(config, log_name(ids), None)
+    _watch_parent()
+    failed = run_fleet(
+        config,
+        broker,
+        ids,
+        state_dir=args.state_dir,
+        credentials=credentials,
+        workers=args.workers,
+    )
+    if failed:
+        first = next(iter(failed))
+        sys.stderr.write(
+            f"mqttfl: fleet: {len(failed)} of {len(ids)} clients failed "
+            f"(client {first}: {failed[first]})\n"
+        )
+        return 1
+    return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:

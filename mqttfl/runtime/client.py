@@ -1,4 +1,5 @@
-"""The client runner: one OS process per device.
+"""The client runner: one OS process per device (or many runners in one fleet process,
+:mod:`mqttfl.runtime.fleet`, each still its own device to the broker).
 
 It announces itself (retained ``online`` status with its model, classes and sample
 count; a last will of ``offline``), acknowledges a round's start at once when selected,
@@ -16,11 +17,14 @@ the local monotonic clock, so a device with a wrong wall clock still trains.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import structlog
@@ -51,6 +55,8 @@ from mqttfl.wire.control import (
 )
 from mqttfl.wire.schemas import ClientInfo
 from mqttfl.wire.topics import BROADCAST, client_number
+
+T = TypeVar("T")
 
 HEAL_INTERVAL_S = 1.0  # at most one re-announcement per second after a forged 'offline'
 
@@ -97,8 +103,12 @@ class ClientRunner:
         *,
         state_dir: Path,
         credentials: Credentials | None = None,
+        executor: Executor | None = None,
     ) -> None:
+        """``executor`` runs training and evaluation (a fleet's worker pool, shared by its
+        runners); without one they run in asyncio's default thread pool."""
         self.config = config
+        self.executor = executor
         self.client_id = check_id(client_id)
         self.topics = Topics(config.run_id)
         self.shard = shard
@@ -234,6 +244,13 @@ class ClientRunner:
             self.bus.publish(self.topics.status(self.client_id), online, retain=True, timeout=30)
         )
 
+    async def _off_loop(self, func: Callable[..., T], /, *args: Any) -> T:
+        """Run ``func`` off the event loop, so the MQTT keep-alive goes on meanwhile."""
+        if self.executor is None:
+            return await asyncio.to_thread(func, *args)
+        call = functools.partial(contextvars.copy_context().run, func, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, call)
+
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coroutine)
         task.add_done_callback(self._background_done)
@@ -340,8 +357,8 @@ class ClientRunner:
                 [self.config.seed, self.info.num_samples, t, client_number(self.client_id)]
             )
             params = dict(start.params)
-            loss = await asyncio.to_thread(self.method.train, t, params, rng)
-            body = await asyncio.to_thread(self.method.make_upload, t)
+            loss = await self._off_loop(self.method.train, t, params, rng)
+            body = await self._off_loop(self.method.make_upload, t)
         finally:
             self.training_round = 0
         self.schema.validate(body)  # refuse to publish anything the method does not permit
@@ -368,7 +385,7 @@ class ClientRunner:
         last = self.last_upload
         payload = last.payload if last is not None and last.round == t else None
         if payload is None:  # restarted since: the model on disk is the one trained for t
-            body = await asyncio.to_thread(self.method.make_upload, t)
+            body = await self._off_loop(self.method.make_upload, t)
             self.schema.validate(body)
             payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
         await self.bus.publish(self.topics.up(t, self.client_id), payload)
@@ -408,9 +425,9 @@ class ClientRunner:
         assert pending.broadcast is not None
         personal = dict(pending.personal.body) if pending.personal is not None else None
         self.method.receive(t, dict(pending.broadcast.body), personal)
-        predicted = await asyncio.to_thread(self.method.predict, self.shard.x_test)
+        predicted = await self._off_loop(self.method.predict, self.shard.x_test)
         report = classification_report(self.shard.y_test, predicted)
-        extra = await asyncio.to_thread(
+        extra = await self._off_loop(
             self.method.extra_metrics, self.shard.x_test, self.shard.y_test
         )
         self.progress.applied_round = t

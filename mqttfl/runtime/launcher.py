@@ -1,4 +1,6 @@
-"""`mqttfl run`: a local broker, the coordinator and one OS process per client.
+"""`mqttfl run`: a local broker, the coordinator and one OS process per client (or,
+with ``--fleets K``, K fleet processes holding contiguous blocks of the clients; each
+fleet client still has its own identity on the broker).
 
 Everything started here is torn down on success, failure, Ctrl-C or SIGTERM: children
 run in their own sessions and are terminated (then killed) by us, and each child also
@@ -67,6 +69,7 @@ class LocalFederation:
         broker_url: str | None = None,
         *,
         coordinator_console: str = "info",
+        fleets: int | None = None,
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -74,6 +77,8 @@ class LocalFederation:
         self.out_dir = out_dir
         self.broker_url = broker_url
         self.coordinator_console = coordinator_console
+        self.fleets = fleets  # None: one process per client
+        self.credentials_dir: Path | None = None  # the local broker's <id>.env files
         self.broker: LocalBroker | None = None
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.credentials: dict[str, dict[str, str]] = {}  # per identity, for the local broker
@@ -97,6 +102,7 @@ class LocalFederation:
         work = self.out_dir / "broker"
         setup = init_broker(work, ids, run_id=self.config.run_id, port=free_port(), force=True)
         self.credentials = {name: setup.env(name) for name in (COORDINATOR, *ids)}
+        self.credentials_dir = setup.env_file(COORDINATOR).parent
         # Kept before start(): a signal during the start still stops it in shutdown().
         self.broker = LocalBroker(work, port=setup.port, conf=setup.conf.read_text())
         self.broker.start()
@@ -125,6 +131,33 @@ class LocalFederation:
             client_id,
         )
 
+    def start_fleet(self, index: int, ids: list[str]) -> None:
+        """One `mqttfl fleet` process for ``ids``; the cores are divided among the fleets."""
+        from mqttfl.runtime.fleet import default_workers, format_ids
+
+        extra = [
+            "--ids",
+            format_ids(ids),
+            "--state-dir",
+            str(self.out_dir / "clients"),
+            "--workers",
+            str(max(1, default_workers() // (self.fleets or 1))),
+        ]
+        if self.credentials_dir is not None:
+            extra += ["--credentials-dir", str(self.credentials_dir)]
+        self._spawn(f"fleet-{index}", self._command("fleet", *extra), "warning", "")
+
+    def _start_clients(self) -> None:
+        ids = [str(index) for index in range(self.config.federation.num_clients)]
+        if self.fleets is None:
+            for client in ids:
+                self.start_client(client)
+            return
+        from mqttfl.runtime.fleet import split_ids
+
+        for index, block in enumerate(split_ids(ids, self.fleets)):
+            self.start_fleet(index, block)
+
     def run(self) -> dict[str, Any]:
         with _sigterm_as_exit():
             return self._run()
@@ -139,6 +172,11 @@ class LocalFederation:
 
     def _run(self) -> dict[str, Any]:
         self._check_local_data()
+        num_clients = self.config.federation.num_clients
+        if self.fleets is not None and not 1 <= self.fleets <= num_clients:
+            raise MqttflError(
+                f"--fleets {self.fleets}: between 1 and federation.num_clients ({num_clients})"
+            )
         self.out_dir.mkdir(parents=True, exist_ok=True)
         try:
             if self.broker_url is None:
@@ -149,8 +187,7 @@ class LocalFederation:
                 self.coordinator_console,
                 COORDINATOR,
             )
-            for index in range(self.config.federation.num_clients):
-                self.start_client(str(index))
+            self._start_clients()
             code = self._wait_coordinator()
             if code != 0:
                 raise MqttflError(
@@ -177,9 +214,7 @@ class LocalFederation:
             if code is not None:
                 return code
             codes = {
-                name: child.poll()
-                for name, child in self.children.items()
-                if name.startswith("client-")
+                name: child.poll() for name, child in self.children.items() if name != "coordinator"
             }
             if codes and None not in codes.values():
                 logs = self.out_dir / "logs"
@@ -201,7 +236,7 @@ class LocalFederation:
     def _wait_clients(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         for name, child in self.children.items():
-            if name.startswith("client-"):
+            if name != "coordinator":
                 try:
                     child.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
