@@ -21,6 +21,7 @@ from mqttfl.logs import configure_logging
 from mqttfl.paths import make_dir
 from mqttfl.report import add_report_command
 from mqttfl.runtime.security import add_broker_commands
+from mqttfl.watch import add_watch_command
 
 if TYPE_CHECKING:
     from mqttfl.runtime.transport import BrokerAddress
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_compare_command(sub)
     add_report_command(sub)
     add_broker_commands(sub)
+    add_watch_command(sub)
     return parser
 
 

@@ -11,6 +11,8 @@ command -v mosquitto_pub >/dev/null 2>&1 || need_apt+=(mosquitto-clients)
 python3 -c "import ensurepip, venv" >/dev/null 2>&1 || need_apt+=(python3-venv)
 # The tests skew a client's wall clock with libfaketime (a device without RTC or NTP).
 command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
+# They look at `mqttfl watch` on a real terminal inside tmux.
+command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing ${need_apt[*]} with apt-get" >&2
     as_root apt-get update -qq

@@ -50,7 +50,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> BrokerSetup:
     assert result.returncode == 0, result.stderr
     passwords = {
         name: read_env_file(out / "credentials" / f"{name}.env")["MQTTFL_BROKER__PASSWORD"]
-        for name in ("coordinator", "0", "1")
+        for name in ("coordinator", "watch", "0", "1")
     }
     return BrokerSetup(out, port, True, passwords)
 
@@ -164,7 +164,12 @@ def test_init_writes_conf_hashed_passwords_acl_and_tls(setup: BrokerSetup) -> No
     assert f"listener {setup.port} 127.0.0.1" in conf and f"max_packet_size {MAX_PACKET}" in conf
     assert f"certfile {setup.out / 'tls' / 'server.crt'}" in conf
     passwd = (setup.out / "passwd").read_text()
-    assert sorted(line.split(":")[0] for line in passwd.splitlines()) == ["0", "1", "coordinator"]
+    assert sorted(line.split(":")[0] for line in passwd.splitlines()) == [
+        "0",
+        "1",
+        "coordinator",
+        "watch",
+    ]
     assert all(pw not in passwd for pw in setup.passwords.values())  # salted hashes only
     for private in (
         "passwd",
@@ -177,6 +182,7 @@ def test_init_writes_conf_hashed_passwords_acl_and_tls(setup: BrokerSetup) -> No
         assert stat.S_IMODE((setup.out / private).stat().st_mode) == 0o600, private
     acl = (setup.out / "acl").read_text()
     assert f"user coordinator\ntopic readwrite {BASE}/#" in acl
+    assert f"user watch\ntopic read {BASE}/#\n\n" in acl  # read only, nothing else
     assert (
         f"user 0\ntopic readwrite {BASE}/status/0\ntopic write {BASE}/round/+/ack/0\n"
         f"topic write {BASE}/round/+/up/0\n" in acl
@@ -198,7 +204,7 @@ def test_init_with_ids_refuses_bad_identities_and_overwrites(tmp_path: Path) -> 
     )
     with pytest.raises(MqttflError, match="--force"):
         init_broker(tmp_path / "b", ["kitchen"])
-    for ids in ("a/b", "coordinator", "x,x", "all", ""):
+    for ids in ("a/b", "coordinator", "watch", "x,x", "all", ""):
         with pytest.raises(MqttflError):
             client_ids(ids=ids)
     bad = mqttfl("broker", "init", "--ids", "a/b", "--out", str(tmp_path / "c"))  # one line, exit 2
@@ -264,6 +270,40 @@ def test_a_client_can_only_publish_its_own_topics(
     finally:
         coordinator.stop()
     assert coordinator.lines() == [f"{BASE}/round/1/up/0 own"]  # none of the forgeries arrived
+
+
+def test_the_watch_identity_reads_the_run_but_cannot_publish(
+    setup: BrokerSetup, secure_broker: LocalBroker, tmp_path: Path
+) -> None:
+    watcher = Sub(setup, "watch", [f"{BASE}/#"], tmp_path / "watch.out")
+    try:
+        for topic in (f"{BASE}/state", f"{BASE}/round/1/start", f"{BASE}/status/0"):
+            denied = pub(setup, "watch", topic, "forged")
+            assert "not authorized" in (denied.stderr + denied.stdout).lower(), topic
+        assert pub(setup, "coordinator", f"{BASE}/round/1/start", "start").returncode == 0
+        assert pub(setup, "0", f"{BASE}/round/1/up/0", "upload").returncode == 0
+        watcher.wait_for(f"{BASE}/round/1/start start")
+        watcher.wait_for(f"{BASE}/round/1/up/0 upload")
+    finally:
+        watcher.stop()
+    assert all("forged" not in line for line in watcher.lines()), watcher.lines()
+
+
+def test_mqttfl_watch_connects_with_the_watch_credentials_over_tls(
+    setup: BrokerSetup, secure_broker: LocalBroker
+) -> None:
+    result = mqttfl(
+        "watch",
+        "--broker",
+        setup.url,
+        "--run",
+        RUN_ID,
+        "--once",
+        env=setup.env("watch"),
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"run {RUN_ID} · broker connected" in result.stdout
 
 
 def test_a_client_cannot_read_another_clients_downlink(

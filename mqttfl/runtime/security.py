@@ -7,11 +7,13 @@ Written into ``--out``::
     acl                    per identity: the topics it may publish and subscribe to
     credentials/<id>.env   MQTTFL_BROKER__USERNAME / __PASSWORD (and __TLS_CA) for one
                            identity, mode 0600: ``set -a; . credentials/0.env; set +a``
+                           (``watch.env``: the read-only identity of `mqttfl watch`)
     tls/                   with ``--tls``: a local CA (openssl) and the broker's certificate
 
 The ACL mirrors :mod:`mqttfl.wire.topics`. A client may publish only its own uplink,
 metrics and status, and subscribe only to the run's start/state/broadcast topics and
-its own downlink; the coordinator has its own identity with the whole run. Credentials
+its own downlink; the coordinator has its own identity with the whole run, and ``watch``
+may read the whole run but publish nothing. Credentials
 reach mqttfl through the config file or the environment, never the command line.
 """
 
@@ -38,6 +40,7 @@ from mqttfl.wire.topics import is_numeric_id
 # As broker/mosquitto.conf: the coordinator's broadcast to 1000 clients is ~21 MB.
 DEFAULT_MAX_PACKET = 64 * 1024 * 1024
 TOOL_TIMEOUT_S = 60.0
+WATCH = "watch"  # the read-only identity of `mqttfl watch`
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,8 @@ def client_ids(*, clients: int | None = None, ids: str | None = None) -> list[st
         raise MqttflError("at least one client identity is needed")
     for name in names:
         check_id(name)
-        if name == COORDINATOR:
-            raise MqttflError(f"'{COORDINATOR}' is the coordinator's identity, not a client id")
+        if name in (COORDINATOR, WATCH):
+            raise MqttflError(f"'{name}' is the {name} identity, not a client id")
     if len(set(names)) != len(names):
         raise MqttflError("client ids must be unique")
     return names
@@ -96,6 +99,9 @@ def acl_text(clients: list[str], run_id: str | None) -> str:
         f"user {COORDINATOR}",
         f"topic readwrite {base}/#",
         "topic read $SYS/#",
+        "",
+        f"user {WATCH}",
+        f"topic read {base}/#",
         "",
     ]
     for client in clients:
@@ -318,6 +324,7 @@ def init_broker(
             )
     passwords = {
         COORDINATOR: secrets.token_urlsafe(24),
+        WATCH: secrets.token_urlsafe(24),
         **{c: secrets.token_urlsafe(24) for c in clients},
         **{bridge_identity(site): secrets.token_urlsafe(24) for site in bridges},
     }
@@ -448,11 +455,12 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
         edge=edge,
     )
     sys.stdout.write(
-        f"broker files in {setup.out} ({len(setup.passwords) - 1} clients + {COORDINATOR})\n"
+        f"broker files in {setup.out} ({len(clients)} clients + {COORDINATOR} + {WATCH})\n"
         f"  start:  mosquitto -c {setup.conf}\n"
         f"  use:    set -a; . {setup.env_file(COORDINATOR)}; set +a; "
         f"mqttfl coordinator --broker {setup.url} ...\n"
         "  each client sources its own credentials/<id>.env; keep those files private\n"
+        f"  watch:  credentials/{WATCH}.env, then mqttfl watch --broker {setup.url} --run RUN\n"
     )
     named = [c for c in clients if not is_numeric_id(c)]
     if named and not args.config:
