@@ -212,6 +212,7 @@ def test_an_unreachable_broker_fails_within_connect_timeout_with_one_line(
         "broker.connect_timeout_s=2",
         *extra,
         timeout=60,
+        env={"MQTTFL_LOG_DIR": str(tmp_path / "logs")},  # not the repo's logs/
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
