@@ -450,6 +450,19 @@ class ClientRunner:
             self.finished.set()
 
     # --- whole life ----------------------------------------------------------------------
+    async def _last_words(self, loop: Coroutine[Any, Any, None]) -> None:
+        """If a loop of this client dies, say ``offline`` while the connection is still up
+        (a clean disconnect fires no last will), then let the failure end the client."""
+        try:
+            await loop
+        except Exception as exc:
+            self.log.error("client.failed", error=f"{type(exc).__name__}: {exc}"[:300])
+            offline = Offline(self.client_id, "failed").encode(self.config.run_id)
+            await self.bus.publish(
+                self.topics.status(self.client_id), offline, retain=True, timeout=5
+            )
+            raise
+
     async def run(self) -> int:
         structlog.contextvars.bind_contextvars(run_id=self.config.run_id, client_id=self.client_id)
         self.log.info(
@@ -462,8 +475,8 @@ class ClientRunner:
         async with asyncio.TaskGroup() as group:
             tasks = [
                 group.create_task(self.bus.run()),
-                group.create_task(self._reader()),
-                group.create_task(self._worker()),
+                group.create_task(self._last_words(self._reader())),
+                group.create_task(self._last_words(self._worker())),
             ]
             try:
                 await self.bus.wait_connected(timeout=self.config.broker.connect_timeout_s)
