@@ -199,6 +199,7 @@ async def test_a_failing_runner_says_offline_and_stops_alone(
         while not (
             isinstance(statuses().get("1"), Offline)
             and all(isinstance(statuses().get(c), Online) for c in ("0", "2"))
+            and "1" in fleet.failed
         ):
             assert time.monotonic() < deadline, statuses()
             assert not running.done()

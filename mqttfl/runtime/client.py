@@ -456,8 +456,9 @@ class ClientRunner:
         try:
             await loop
         except Exception as exc:
-            self.log.error("client.failed", error=f"{type(exc).__name__}: {exc}"[:300])
-            offline = Offline(self.client_id, "failed").encode(self.config.run_id)
+            error = f"{type(exc).__name__}: {exc}"
+            self.log.error("client.failed", error=error[:300])
+            offline = Offline(self.client_id, f"failed: {error}"[:200]).encode(self.config.run_id)
             await self.bus.publish(
                 self.topics.status(self.client_id), offline, retain=True, timeout=5
             )
