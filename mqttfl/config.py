@@ -107,6 +107,9 @@ class BrokerConfig(_Table):
     tls_cert: str | None = None
     tls_key: str | None = None
     keepalive_s: int = Field(15, ge=2)
+    # The broker's packet limit (AWS IoT Core 131072, Azure IoT Hub 262144, EMQX 1048576
+    # by default); a larger message travels in chunks. 0: no limit (Mosquitto's default).
+    max_message_bytes: int = Field(0, ge=0)
     # The site (edge broker, bridged to the central one) this client connects through.
     site: str = Field("", pattern=r"^([A-Za-z0-9_.-]{1,64})?$")
     # How long a client or the coordinator tries to reach the broker before giving up.
@@ -136,6 +139,12 @@ class RunConfig(BaseSettings):
     method_params: dict[str, Any] = Field(default_factory=dict, alias="method_params")
     broker: BrokerConfig = BrokerConfig()
     logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _check_packet_limit(self) -> RunConfig:
+        if 0 < self.broker.max_message_bytes < 4096:
+            raise ConfigError("broker.max_message_bytes", "must be 0 (no limit) or at least 4096")
+        return self
 
     def recorded(self) -> dict[str, Any]:
         """The config as results record it (summary.json, --resume): everything but the

@@ -176,11 +176,14 @@ class ClientRunner:
             credentials=credentials,
             keepalive_s=config.broker.keepalive_s,
             connect_timeout_s=config.broker.connect_timeout_s,
+            max_message_bytes=config.broker.max_message_bytes,
         )
 
     # --- reading: decode, validate, acknowledge -----------------------------------------------
     def _read(self, incoming: Incoming) -> Received | None:
         """Validate one message; raise WireError for anything hostile."""
+        if incoming.error is not None:  # chunks that could not be put together
+            raise incoming.error
         where = self.topics.parse(incoming.topic)
         run, size = self.config.run_id, len(incoming.payload)
         message: RoundStart | RunStatus | Downlink
@@ -272,7 +275,7 @@ class ClientRunner:
     async def _reader(self) -> None:
         while True:
             incoming = await self.bus.incoming.get()
-            if not incoming.payload:
+            if not incoming.payload and incoming.error is None:
                 continue  # a cleared retained message
             try:
                 received = self._read(incoming)

@@ -79,6 +79,8 @@ class Coordinator:
             keepalive_s=config.broker.keepalive_s,
             connect_timeout_s=config.broker.connect_timeout_s,
             persistent_session=True,  # uploads sent while we reconnect wait for us
+            max_message_bytes=config.broker.max_message_bytes,
+            max_reassembled_bytes=config.federation.max_upload_bytes,
             on_connection=self._on_connection,
         )
 
@@ -128,6 +130,8 @@ class Coordinator:
             )
 
     def _handle(self, message: Incoming) -> None:
+        if message.error is not None:  # chunks that could not be put together
+            raise message.error
         where = self.topics.parse(message.topic)
         run, client, t = self.config.run_id, where.client, where.round
         if where.kind == "status" and client is not None:
@@ -139,7 +143,7 @@ class Coordinator:
             self.engine.on_ack(read_ack(message.payload, run_id=run, round=t, client=client))
         elif where.kind == "up" and client is not None and t is not None:
             try:
-                self.engine.on_upload(t, client, message.payload)
+                self.engine.on_upload(t, client, message.payload, message.wire_bytes)
             except RejectedUpload as exc:
                 exc.round, exc.client = t, client
                 raise

@@ -37,6 +37,8 @@ from mqttfl.logs import get_logger
 from mqttfl.runtime.aggregate import aggregate_checked
 from mqttfl.runtime.gate import UploadGate
 from mqttfl.runtime.state import RunState, client_order, run_summary
+from mqttfl.wire import Topics
+from mqttfl.wire.chunks import framed_size, payload_budget
 from mqttfl.wire.control import (
     Ack,
     DownlinkPayloads,
@@ -198,10 +200,10 @@ class RoundEngine:
         if self.phase is Phase.OPEN and ack.round == self.round:
             self.acked.add(ack.client_id)
 
-    def on_upload(self, t: int, client: str, raw: bytes) -> Upload:
+    def on_upload(self, t: int, client: str, raw: bytes, wire_bytes: int = -1) -> Upload:
         """Accept an upload or raise RejectedUpload (counted in the run state)."""
         record = self.clients.get(client)
-        upload = self.gate.check(t, client, raw, record.info if record else None)
+        upload = self.gate.check(t, client, raw, record.info if record else None, wire_bytes)
         self._alive(client)
         self.acked.add(client)
         return upload
@@ -439,10 +441,11 @@ class RoundEngine:
             state.comm["up_bytes"] += size
             state.comm["up_count"] += 1
         payloads = encode_downlinks(self.config.run_id, t, downlinks.broadcast, downlinks.personal)
+        topics = Topics(self.config.run_id)
         for client in self.live():
-            state.comm["down_bytes"] += len(payloads.broadcast) + len(
-                payloads.personal.get(client, b"")
-            )
+            personal = payloads.personal.get(client, b"")
+            state.comm["down_bytes"] += self._wire(len(payloads.broadcast), topics.down_all(t))
+            state.comm["down_bytes"] += self._wire(len(personal), topics.down(t, client))
             state.comm["down_count"] += 1
         state.round, state.downlinks = t, payloads
         state.server = self.server.state_dict()
@@ -454,6 +457,11 @@ class RoundEngine:
         else:
             self._wait_for_live(now)
         return Close(t, payloads, state.to_dict(self.config), log)
+
+    def _wire(self, size: int, topic: str) -> int:
+        """Bytes a payload takes on the wire, chunk framing included (broker.max_message_bytes)."""
+        limit = self.config.broker.max_message_bytes
+        return framed_size(size, payload_budget(limit, topic)) if limit else size
 
     def _progress(self, t: int) -> dict[str, Any]:
         rows = [r for r in self.records[-4 * max(len(self.clients), 1) :] if r["round"] == t]

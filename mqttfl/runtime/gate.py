@@ -57,15 +57,18 @@ class UploadGate:
                 raise WireError("client_info", detail[:300]) from None
         return self._schemas[key]
 
-    def check(self, t: int, topic_client: str, raw: bytes, info: ClientInfo | None) -> Upload:
-        """Return the accepted Upload or raise RejectedUpload (and count it)."""
+    def check(
+        self, t: int, topic_client: str, raw: bytes, info: ClientInfo | None, wire_bytes: int = -1
+    ) -> Upload:
+        """Return the accepted Upload or raise RejectedUpload (and count it).
+        ``wire_bytes``: what the upload took on the wire, chunk framing included."""
         try:
             upload = self._check(t, topic_client, raw, info)
         except WireError as exc:
             self.rejections[exc.reason] += 1
             raise RejectedUpload(exc.reason, exc.detail) from None
         self.accepted[topic_client] = upload
-        self.accepted_bytes[topic_client] = len(raw)
+        self.accepted_bytes[topic_client] = wire_bytes if wire_bytes >= 0 else len(raw)
         return upload
 
     def _check(self, t: int, client: str, raw: bytes, info: ClientInfo | None) -> Upload:

@@ -18,8 +18,9 @@ from urllib.parse import urlsplit
 
 import aiomqtt
 
-from mqttfl.errors import BrokerError
+from mqttfl.errors import BrokerError, WireError
 from mqttfl.logs import get_logger
+from mqttfl.wire.chunks import Reassembler, is_chunk, payload_budget, split
 
 Birth = Callable[[], list[tuple[str, bytes, bool]]]
 ConnectionListener = Callable[[bool], None]
@@ -80,9 +81,18 @@ class Credentials:
 
 @dataclass
 class Incoming:
+    """A message as the bus received it (reassembled if it came in chunks). ``error``
+    is set, and the payload empty, for chunks that could not be put together."""
+
     topic: str
     payload: bytes
     received: float = field(default_factory=time.monotonic)
+    wire_bytes: int = -1  # what crossed the broker, chunk framing included
+    error: WireError | None = None
+
+    def __post_init__(self) -> None:
+        if self.wire_bytes < 0:
+            self.wire_bytes = len(self.payload)
 
 
 MAX_BACKOFF_S = 5.0  # the longest wait between two reconnect attempts
@@ -104,6 +114,8 @@ class Bus:
         persistent_session: bool = False,
         connect_timeout_s: float = 10.0,
         on_connection: ConnectionListener | None = None,
+        max_message_bytes: int = 0,
+        max_reassembled_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.address = address
         # A persistent session makes the broker keep our subscriptions and queue QoS 1
@@ -120,6 +132,8 @@ class Bus:
         self.max_backoff_s = max_backoff_s
         self.connect_timeout_s = connect_timeout_s
         self.on_connection = on_connection  # told True on every connect, False on every loss
+        self.max_message_bytes = max_message_bytes  # the broker's packet limit; 0: none
+        self.reassembler = Reassembler(max_reassembled_bytes)
         self.incoming: asyncio.Queue[Incoming] = asyncio.Queue()
         self.connected = asyncio.Event()
         self.connections = 0
@@ -179,7 +193,7 @@ class Bus:
                         payload = message.payload
                         if not isinstance(payload, bytes | bytearray):
                             payload = b"" if payload is None else str(payload).encode()
-                        await self.incoming.put(Incoming(message.topic.value, bytes(payload)))
+                        await self._receive(message.topic.value, bytes(payload))
             except aiomqtt.MqttError as exc:
                 was_connected = self.connected.is_set()
                 self.connected.clear()
@@ -192,6 +206,26 @@ class Bus:
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, self.max_backoff_s)
 
+    async def _receive(self, topic: str, payload: bytes) -> None:
+        """Queue a message; chunks are put back together first (any sender may chunk)."""
+        if not is_chunk(payload):
+            await self.incoming.put(Incoming(topic, payload))
+            return
+        whole: tuple[bytes, int] | None = None
+        error: WireError | None = None
+        try:
+            whole = self.reassembler.feed(topic, payload)
+        except WireError as exc:
+            error = exc
+        for lost in self.reassembler.evicted:
+            evicted = WireError("chunk_incomplete", "evicted to keep partial messages bounded")
+            await self.incoming.put(Incoming(lost, b"", error=evicted))
+        self.reassembler.evicted.clear()
+        if error is not None:
+            await self.incoming.put(Incoming(topic, b"", wire_bytes=len(payload), error=error))
+        elif whole is not None:
+            await self.incoming.put(Incoming(topic, whole[0], wire_bytes=whole[1]))
+
     async def publish(
         self,
         topic: str,
@@ -201,7 +235,20 @@ class Bus:
         retain: bool = False,
         timeout: float = 60.0,
     ) -> None:
-        """Publish, waiting through reconnects; raise BrokerError after ``timeout``."""
+        """Publish, waiting through reconnects; raise BrokerError after ``timeout``. Above
+        the broker's packet limit the payload goes in chunks, in order, each acknowledged
+        (a broker keeps one retained message per topic, so chunks are never retained)."""
+        parts = [payload]
+        if self.max_message_bytes:
+            parts = split(payload, payload_budget(self.max_message_bytes, topic))
+        for part in parts:
+            await self._publish_one(
+                topic, part, qos=qos, retain=retain and len(parts) == 1, timeout=timeout
+            )
+
+    async def _publish_one(
+        self, topic: str, payload: bytes, *, qos: int, retain: bool, timeout: float
+    ) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
