@@ -69,6 +69,35 @@ for name in ("fedapa", "fedapa-global-avg", "fedapa-global-avg-client-protos", "
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def test_the_server_side_of_every_weight_method_checks_and_aggregates_without_torch() -> None:
+    code = """
+import numpy as np
+from mqttfl.algorithms import get_algorithm
+from mqttfl.algorithms.base import ClientInfo, Context, Upload
+for name, arch in (("fedavg", "large"), ("fedcaring", "tiny"), ("wifed", "middle"),
+                   ("fedpam", "cnn"), ("fedali", "transformer")):
+    algorithm = get_algorithm(name)
+    ctx = Context(num_classes=4, embed_dim=8, rounds=3, seed=0, params=algorithm.params())
+    server = algorithm.server(ctx)
+    uploads = []
+    for cid in ("0", "1"):
+        info = ClientInfo(cid, arch, (0, 1), 10, (24, 52))
+        schema = algorithm.upload_schema(ctx, info)
+        body = {}
+        for key, spec in schema.fields.items():
+            if hasattr(spec, "shape"):
+                shape = tuple(n if isinstance(n, int) else 2 for n in spec.shape)
+                body[key] = np.full(shape, 0.5, spec.dtype)
+            else:
+                body[key] = spec.min_value if isinstance(spec.min_value, int) else 0.5
+        schema.validate(body)
+        uploads.append(Upload(cid, info, body))
+    server.aggregate(1, uploads)
+"""
+    result = _torch_free(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 @pytest.mark.parametrize(
     "args", [["--help"], ["broker", "init", "--clients", "2", "--out", "{tmp}"]]
 )

@@ -30,7 +30,6 @@ Adam (lr 1e-4) each round, 5 local epochs, batch 64 (``local_*`` parameters; set
 from __future__ import annotations
 
 import warnings
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -57,6 +56,7 @@ from mqttfl.algorithms.weights import (
 )
 from mqttfl.errors import ConfigError
 from mqttfl.lazy import lazy_import
+from mqttfl.models.sizes import alp_widths
 from mqttfl.training.loops import train_epochs
 from mqttfl.wire.schemas import ArrayField, IntField, PayloadSchema
 
@@ -95,21 +95,8 @@ def local_key(layer: int) -> str:
     return f"local_{layer}"
 
 
-@lru_cache(maxsize=16)
-def alp_widths(arch: str, num_classes: int, embed_dim: int) -> tuple[int, ...]:
-    """Token width of each ALP layer of the architecture (empty if it has none)."""
-    from mqttfl.models import build_model
-
-    try:
-        model = build_model(arch, num_classes=num_classes, embed_dim=embed_dim)
-    except ValueError:  # e.g. the MLP, which needs its input width
-        return ()
-    layers = getattr(model, "alp_layers", None)
-    return tuple(layer.dim for layer in layers()) if layers is not None else ()
-
-
 def _check_layers(ctx: Context, arch: str) -> tuple[int, ...]:
-    widths = alp_widths(arch, ctx.num_classes, ctx.embed_dim)
+    widths = alp_widths(arch)
     counts = ctx.params.prototype_counts
     if not widths:
         raise ConfigError(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -10,6 +9,7 @@ import numpy as np
 from mqttfl.algorithms.base import ClientInfo, Context, Upload
 from mqttfl.errors import MqttflError
 from mqttfl.lazy import lazy_import
+from mqttfl.models.sizes import weight_count
 
 if TYPE_CHECKING:
     import torch
@@ -42,18 +42,13 @@ def load_weights(model: nn.Module, flat: np.ndarray) -> None:
     model.load_state_dict(state, strict=False)
 
 
-@lru_cache(maxsize=64)
-def _length(arch: str, num_classes: int, embed_dim: int, sample_shape: tuple[int, ...]) -> int:
-    from mqttfl.models import build_model
-
-    input_dim = int(np.prod(sample_shape)) if len(sample_shape) == 1 else None
-    model = build_model(arch, num_classes=num_classes, embed_dim=embed_dim, input_dim=input_dim)
-    return sum(v.numel() for _, v in _float_entries(model))
-
-
 def weights_length(ctx: Context, info: ClientInfo) -> int:
-    """Length of the flat weight vector of the client's announced architecture."""
-    return _length(info.arch, ctx.num_classes, ctx.embed_dim, info.sample_shape)
+    """Length of the flat weight vector of the client's announced architecture, counted
+    from its shapes (:mod:`mqttfl.models.sizes`: the coordinator never builds a model)."""
+    input_dim = int(np.prod(info.sample_shape)) if len(info.sample_shape) == 1 else None
+    return weight_count(
+        info.arch, num_classes=ctx.num_classes, embed_dim=ctx.embed_dim, input_dim=input_dim
+    )
 
 
 def group_key(info: ClientInfo) -> str:
