@@ -40,12 +40,12 @@ from rich.text import Text
 
 from mqttfl.errors import MqttflError, WireError
 from mqttfl.runtime.transport import Bus, Incoming
-from mqttfl.wire.codec import decode
 from mqttfl.wire.control import (
     Online,
     RoundStart,
     RunStatus,
     read_ack,
+    read_envelope,
     read_metrics,
     read_run_status,
     read_start,
@@ -239,15 +239,9 @@ class FederationView:
         ]
 
     def _upload(self, t: int, client: str, payload: bytes) -> list[str]:
-        message = decode(payload, max_bytes=self.max_upload_bytes)  # the envelope, bounded
-        if message.type != "upload":
-            raise WireError("type", f"expected an upload, got {message.type!r}")
-        if message.run != self.run_id:
-            raise WireError("run", f"upload for run {clean(message.run)!r}")
-        if message.sender != client:
-            raise WireError("sender", f"upload from {clean(message.sender)!r} on {client}'s topic")
-        if message.round != t:
-            raise WireError("round_mismatch", f"message says round {message.round}, topic {t}")
+        read_envelope(  # the envelope only, bounded: the coordinator checks the body
+            payload, "upload", self.run_id, sender=client, round=t, max_bytes=self.max_upload_bytes
+        )
         if not self._tally(self.uploads, t, client) or t != self.round:
             return [f"client {client} uploaded round {t} (round {self.round} is current)"]
         done = len(self.uploaded() & set(self.selected))

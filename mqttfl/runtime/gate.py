@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from mqttfl.algorithms.base import Algorithm, ClientInfo, Context, Upload
 from mqttfl.errors import RejectedUpload, WireError
-from mqttfl.wire import PayloadSchema, decode
+from mqttfl.wire import PayloadSchema
+from mqttfl.wire.control import read_envelope
 
 
 @dataclass
@@ -80,17 +81,7 @@ class UploadGate:
             )
         if t > self.round:
             raise WireError("future", f"upload for round {t} while round {self.round} is open")
-        message = decode(raw)
-        if message.type != "upload":
-            raise WireError("type", f"message type {message.type!r} on an upload topic")
-        if message.run != self.run_id:
-            raise WireError("run", f"message for run {message.run!r}")
-        if message.round != t:
-            raise WireError("round_mismatch", f"message says round {message.round}, topic says {t}")
-        if message.sender != client:
-            raise WireError(
-                "sender", f"sender {message.sender!r} differs from topic client {client!r}"
-            )
+        message = read_envelope(raw, "upload", self.run_id, sender=client, round=t, max_bytes=None)
         if info is None:
             raise WireError("unknown_client", f"client {client!r} never announced itself")
         if client not in self.selected:

@@ -105,17 +105,23 @@ def _body_keys(
         raise WireError("unknown_field", f"control message has unknown fields {unknown}")
 
 
-def _envelope(
-    raw: bytes, kind: str, run_id: str, *, sender: str | None, round: int | None
+def read_envelope(
+    raw: bytes,
+    kind: str,
+    run_id: str,
+    *,
+    sender: str | None,
+    round: int | None,
+    max_bytes: int | None = CONTROL_LIMIT,
 ) -> Message:
     """Decode (bounded), then check type, run, sender and round against the topic."""
-    message = decode(raw, max_bytes=CONTROL_LIMIT if kind != "downlink" else None)
+    message = decode(raw, max_bytes=max_bytes)
     if message.type != kind:
         raise WireError("type", f"expected a {kind} message, got {message.type!r}")
     if message.run != run_id:
-        raise WireError("run", f"message for run {message.run!r}, not {run_id!r}")
+        raise WireError("run", f"message for run {message.run[:80]!r}, not {run_id!r}")
     if sender is not None and message.sender != sender:
-        raise WireError("sender", f"{kind} from {message.sender!r} on {sender!r}'s topic")
+        raise WireError("sender", f"{kind} from {message.sender[:80]!r} on {sender!r}'s topic")
     if round is not None and message.round != round:
         raise WireError("round_mismatch", f"message says round {message.round}, topic says {round}")
     return message
@@ -181,7 +187,7 @@ Status = Online | Offline
 
 
 def read_status(raw: bytes, *, run_id: str, client: str) -> Status:
-    message = _envelope(raw, "status", run_id, sender=client, round=None)
+    message = read_envelope(raw, "status", run_id, sender=client, round=None)
     body = message.body
     state = body.get("state")
     if state == "offline":
@@ -279,7 +285,7 @@ class RoundStart:
 
 
 def read_start(raw: bytes, *, run_id: str, round: int) -> RoundStart:
-    message = _envelope(raw, "start", run_id, sender=COORDINATOR, round=round)
+    message = read_envelope(raw, "start", run_id, sender=COORDINATOR, round=round)
     return RoundStart.from_body(message.round, message.body)
 
 
@@ -309,7 +315,7 @@ class RunStatus:
 
 
 def read_run_status(raw: bytes, *, run_id: str) -> RunStatus:
-    message = _envelope(raw, "state", run_id, sender=COORDINATOR, round=None)
+    message = read_envelope(raw, "state", run_id, sender=COORDINATOR, round=None)
     body = message.body
     _body_keys(body, {"phase"}, frozenset({"start"}))
     start = RoundStart.from_body(message.round, body["start"]) if "start" in body else None
@@ -337,7 +343,7 @@ class Ack:
 
 
 def read_ack(raw: bytes, *, run_id: str, round: int, client: str) -> Ack:
-    message = _envelope(raw, "ack", run_id, sender=client, round=round)
+    message = read_envelope(raw, "ack", run_id, sender=client, round=round)
     _body_keys(message.body, {"announcement"})
     return Ack(message.round, client, message.body["announcement"])
 
@@ -369,7 +375,7 @@ class Metrics:
 
 
 def read_metrics(raw: bytes, *, run_id: str, round: int, client: str) -> Metrics:
-    message = _envelope(raw, "metrics", run_id, sender=client, round=round)
+    message = read_envelope(raw, "metrics", run_id, sender=client, round=round)
     return Metrics(message.round, client, _named_numbers("metrics", message.body))
 
 
@@ -427,7 +433,9 @@ class Downlink:
 
 def read_downlink(raw: bytes, *, run_id: str, round: int, client: str) -> Downlink:
     """``client`` is the topic's last level: a client id, or ``all`` for the broadcast."""
-    message = _envelope(raw, "downlink", run_id, sender=COORDINATOR, round=round)
+    message = read_envelope(
+        raw, "downlink", run_id, sender=COORDINATOR, round=round, max_bytes=None
+    )
     body = dict(message.body)
     if client != BROADCAST:
         return Downlink(message.round, body)
