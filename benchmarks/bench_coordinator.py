@@ -46,11 +46,12 @@ def measure(quick: bool) -> list[dict[str, Any]]:
                 "aggregate_s": stats(r["aggregate_s"] for r in done),
                 "publish_downlinks_s": stats(r["publish_downlinks_s"] for r in done),
                 "checkpoint_s": stats(r["checkpoint_s"] for r in done if "checkpoint_s" in r),
-                "upload_to_personal_downlinks_received_s": stats(
-                    r["last_upload_to_personal_downlinks_received_s"]
+                "upload_to_all_downlinks_held_s": stats(
+                    r["last_upload_to_all_downlinks_held_s"]
                     for r in done
-                    if "last_upload_to_personal_downlinks_received_s" in r
+                    if "last_upload_to_all_downlinks_held_s" in r
                 ),
+                "down_bytes_per_client": stats(r["down_bytes_per_client"] for r in done),
                 "rounds": len(done),
                 "rejections": loaded["rejections"],
                 "per_round": loaded["rounds"],

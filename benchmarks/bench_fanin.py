@@ -41,7 +41,6 @@ def run(quick: bool) -> dict[str, Any]:
                 "rounds_complete": len(accepted),
                 "rounds": rounds,
                 "rejections": loaded["rejections"],
-                "connect_seconds": loaded["connect_seconds"],
                 "load_process_imported_torch": loaded["load_process_imported_torch"],
                 "per_round": loaded["rounds"],
                 "raw_per_round": raw["rounds"],

@@ -2,7 +2,8 @@
 
 One process (this one) runs :class:`mqttfl.runtime.coordinator.Coordinator` with FedAPA
 (C=21, d=256), logging to a JSON file at debug level exactly as ``mqttfl coordinator``
-does; a second process runs :mod:`benchmarks.loadpub` with N connections; a throwaway
+does; a second process runs the load client :mod:`mqttfl.runtime.loadclient` with N
+sessions, each subscribed to everything a real client subscribes to; a throwaway
 Mosquitto sits between them on 127.0.0.1. The coordinator is instrumented from outside
 (a subclass that only records ``time.monotonic()``; Linux's monotonic clock is shared by
 all processes, so the load process's marks compare directly):
@@ -31,60 +32,46 @@ from typing import Any
 
 from benchmarks.common import REPO, WORK, log
 
-LOADPUB = [sys.executable, "-m", "benchmarks.loadpub"]
+CLASSES, DIM = 21, 256  # the default job: 21 crowd-count classes, d=256
+
+LOADCLIENT = [sys.executable, "-m", "mqttfl.runtime.loadclient"]
 
 
 def _start_load(
-    broker_url: str, run: str, n: int, rounds: int, out: Path, *, wait_finished: bool
-) -> subprocess.Popen[str]:
+    broker_url: str, overrides: list[str], n: int, classes_each: int, out: Path, log_file: Path
+) -> subprocess.Popen[bytes]:
+    """The real load client (mqttfl.runtime.loadclient): N sessions, each subscribed to
+    everything a real client subscribes to; it exits when the run says 'finished'."""
     cmd = [
-        *LOADPUB,
+        *LOADCLIENT,
         "--broker",
         broker_url,
-        "--run",
-        run,
         "--clients",
         str(n),
-        "--rounds",
-        str(rounds),
-        "--out",
+        "--classes-each",
+        str(classes_each),
+        "--timings",
         str(out),
+        "--log",
+        str(log_file),
+        *[arg for item in overrides for arg in ("--set", item)],
     ]
-    if wait_finished:
-        cmd.append("--wait-finished")
-    return subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    # Its console goes to a file: a pipe nobody reads fills up and stalls its event loop.
+    with open(log_file.with_suffix(".out"), "wb") as console:
+        return subprocess.Popen(
+            cmd, cwd=REPO, stdout=console, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
-def _wait_ready(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
-    assert process.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if line:
-            return json.loads(line)  # type: ignore[no-any-return]
-        if process.poll() is not None:
-            raise RuntimeError(
-                f"load publisher exited: {process.stderr.read() if process.stderr else ''}"
-            )
-    raise RuntimeError("load publisher did not get ready")
-
-
-def _finish(process: subprocess.Popen[str], out: Path, timeout: float) -> dict[str, Any]:
+def _finish(process: subprocess.Popen[bytes], out: Path, timeout: float) -> dict[str, Any]:
     try:
-        _, err = process.communicate(timeout=timeout)
+        process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         process.kill()
-        _, err = process.communicate()
-        raise RuntimeError(f"load publisher hung; stderr: {err[-2000:]}") from None
+        process.wait()
+        raise RuntimeError(f"load client hung; see {out.parent}") from None
     if process.returncode != 0 or not out.exists():
-        raise RuntimeError(f"load publisher failed ({process.returncode}): {err[-2000:]}")
+        raise RuntimeError(f"load client failed ({process.returncode}); see {out.parent}")
     return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 
@@ -110,7 +97,8 @@ def _make_timed_coordinator(config: Any, broker: Any, out_dir: Path) -> Any:
             def timed_save(state: dict[str, Any], **kwargs: Any) -> None:
                 began = time.monotonic()
                 save(state, **kwargs)
-                self.marks[int(state["round"])]["checkpoint_s"] = time.monotonic() - began
+                if "round" in state:
+                    self.marks[int(state["round"])]["checkpoint_s"] = time.monotonic() - began
 
             self.journal.save_checkpoint = timed_save  # type: ignore[method-assign]
             publish = self.bus.publish
@@ -122,11 +110,11 @@ def _make_timed_coordinator(config: Any, broker: Any, out_dir: Path) -> Any:
 
             self.bus.publish = timed_publish  # type: ignore[method-assign]
 
-        def _on_upload(self, t: int, client: str, payload: bytes) -> None:
+        def _handle(self, message: Any) -> None:
             before = len(self.gate.accepted)
-            super()._on_upload(t, client, payload)
-            if len(self.gate.accepted) > before:
-                self.accepted_at[t].append(time.monotonic())
+            super()._handle(message)
+            if "/up/" in message.topic and len(self.gate.accepted) > before:
+                self.accepted_at[int(message.topic.split("/")[3])].append(time.monotonic())
 
         async def _publish_downlinks(self, t: int, downlinks: Any, **kwargs: Any) -> None:
             self.marks[t]["downlinks_begin"] = time.monotonic()
@@ -137,49 +125,51 @@ def _make_timed_coordinator(config: Any, broker: Any, out_dir: Path) -> Any:
 
 
 @cache
-def coordinator_under_load(n: int, rounds: int) -> dict[str, Any]:
-    """Run ``rounds`` FedAPA rounds of the real coordinator against ``n`` load clients."""
+def coordinator_under_load(
+    n: int, rounds: int, method: str = "fedapa", extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Run ``rounds`` rounds of the real coordinator against ``n`` load clients."""
     from mqttfl.config import load_config
     from mqttfl.logs import configure_logging
     from mqttfl.runtime.broker import LocalBroker
     from mqttfl.runtime.transport import BrokerAddress
 
-    work = WORK / f"load-{n}"
+    work = WORK / f"load-{method}-{n}"
     if work.exists():
         import shutil
 
         shutil.rmtree(work)
     work.mkdir(parents=True)
     run_id = f"bench-load-{n}"
-    config = load_config(
-        None,
-        [
-            f"run_id={run_id}",
-            "method=fedapa",
-            f"rounds={rounds}",
-            f"federation.num_clients={n}",
-            "federation.min_clients=1",
-            "federation.round_timeout_s=300",
-            "federation.join_timeout_s=300",
-            "federation.final_metrics_timeout_s=0.2",
-            "model.num_classes=21",
-            "model.embed_dim=256",
-        ],
-    )
+    overrides = [
+        f"run_id={run_id}",
+        f"method={method}",
+        f"rounds={rounds}",
+        f"federation.num_clients={n}",
+        "federation.min_clients=1",
+        "federation.round_timeout_s=300",
+        "federation.join_timeout_s=300",
+        "federation.final_metrics_timeout_s=0.2",
+        f"model.num_classes={CLASSES}",
+        f"model.embed_dim={DIM}",
+        *extra,
+    ]
+    config = load_config(None, overrides)
     # As `mqttfl coordinator` does: everything to the JSON file, warnings to the console.
     configure_logging(work / "logs" / "coordinator.jsonl", level="debug", console_level="warning")
     with LocalBroker(work / "broker") as broker:
         load_out = work / "load.json"
-        process = _start_load(broker.url, run_id, n, rounds, load_out, wait_finished=True)
+        process = _start_load(
+            broker.url, overrides, n, CLASSES, load_out, work / "logs" / "load.jsonl"
+        )
         try:
-            ready = _wait_ready(process, timeout=300)
             coordinator = _make_timed_coordinator(
                 config, BrokerAddress.parse(broker.url), work / "run"
             )
             began = time.monotonic()
             summary = asyncio.run(coordinator.run())
             elapsed = time.monotonic() - began
-            load = _finish(process, load_out, timeout=120)
+            load = _finish(process, load_out, timeout=300)
         finally:
             if process.poll() is None:
                 os.killpg(process.pid, 9)
@@ -194,12 +184,14 @@ def coordinator_under_load(n: int, rounds: int) -> dict[str, Any]:
             "uploads_sent": record["uploads"],
             "uploads_accepted": len(accepted),
             "upload_bytes": record["bytes_each"],
+            "complete_downlinks": record["complete_downlinks"],
+            "down_bytes_per_client": record["down_bytes"] / n,
+            "personal_bytes_max": record["personal_bytes_max"],
         }
-        if accepted:
+        if accepted and record["t_publish"]:
             last = accepted[-1]
-            row["fanin_s"] = (
-                last - record["t_publish"]
-            )  # first upload handed to MQTT -> last validated
+            # first upload handed to MQTT -> last one validated
+            row["fanin_s"] = last - record["t_publish"]
             row["publish_acked_s"] = record["t_acked"] - record["t_publish"]
             row["receive_spread_s"] = last - accepted[0]
             if "downlinks_published" in marks:
@@ -210,20 +202,17 @@ def coordinator_under_load(n: int, rounds: int) -> dict[str, Any]:
                     row["checkpoint_s"] = marks["checkpoint_s"]
             if "start_published" in following:
                 row["overhead_next_start_s"] = following["start_published"] - last
-            if record.get("t_last_personal") is not None:
-                row["personal_received"] = record["personal_received"]
-                row["last_upload_to_personal_downlinks_received_s"] = (
-                    record["t_last_personal"] - last
-                )
+            if record["t_last_complete"] is not None:
+                row["last_upload_to_all_downlinks_held_s"] = record["t_last_complete"] - last
         rows.append(row)
     log(
-        f"coordinator under load: N={n}, {rounds} rounds in {elapsed:.1f} s, "
+        f"coordinator under load: {method} N={n}, {rounds} rounds in {elapsed:.1f} s, "
         f"rejections {summary['rejections'] or 'none'}"
     )
     return {
         "n": n,
+        "method": method,
         "rounds": rows,
-        "connect_seconds": ready["connect_seconds"],
         "elapsed_s": elapsed,
         "rejections": summary["rejections"],
         "load_process_imported_torch": load["torch_imported"],
@@ -232,21 +221,28 @@ def coordinator_under_load(n: int, rounds: int) -> dict[str, Any]:
 
 @cache
 def raw_fanin(n: int, rounds: int) -> dict[str, Any]:
-    """The same uploads into one plain aiomqtt subscriber that only counts them."""
+    """The same load client's uploads into one plain aiomqtt subscriber that only counts
+    them (no decoding, no validation), which announces the rounds itself."""
     import aiomqtt
 
-    from benchmarks.loadpub import encode
     from mqttfl.runtime.broker import LocalBroker
+    from mqttfl.wire.control import RoundStart, RunStatus
 
     work = WORK / f"raw-{n}"
     work.mkdir(parents=True, exist_ok=True)
     run_id = f"bench-raw-{n}"
     base = f"mqttfl/{run_id}"
+    overrides = [
+        f"run_id={run_id}",
+        f"rounds={rounds}",
+        f"model.num_classes={CLASSES}",
+        f"model.embed_dim={DIM}",
+    ]
+    ids = [f"load{i:03d}" for i in range(n)]
     with LocalBroker(work / "broker") as broker:
         load_out = work / "load.json"
-        process = _start_load(broker.url, run_id, n, rounds, load_out, wait_finished=False)
+        process = _start_load(broker.url, overrides, n, CLASSES, load_out, work / "load.jsonl")
         try:
-            _wait_ready(process, timeout=300)
             last_seen: dict[int, float] = {}
 
             async def drive() -> None:
@@ -254,29 +250,30 @@ def raw_fanin(n: int, rounds: int) -> dict[str, Any]:
                     "127.0.0.1", broker.port, identifier=f"{run_id}-sink", max_inflight_messages=100
                 ) as sink:
                     await sink.subscribe(f"{base}/round/+/up/+", qos=1)
+                    await sink.subscribe(f"{base}/status/+", qos=1)
+                    online: set[str] = set()
+                    async with asyncio.timeout(300):
+                        async for message in sink.messages:
+                            if message.payload:
+                                online.add(message.topic.value.rsplit("/", 1)[1])
+                            if len(online) >= n:
+                                break
                     counts: dict[int, int] = defaultdict(int)
                     for t in range(1, rounds + 1):
-                        start = encode(
-                            "start",
-                            run_id,
-                            t,
-                            "coordinator",
-                            {
-                                "selected": [str(i) for i in range(n)],
-                                "deadline": time.time() + 60,
-                                "params": {},
-                                "attempt": 1,
-                            },
-                        )
-                        await sink.publish(f"{base}/round/{t}/start", start, qos=1)
+                        start = RoundStart(t, tuple(ids), 60.0, {}, announcement=t)
+                        await sink.publish(f"{base}/round/{t}/start", start.encode(run_id), qos=1)
                         async with asyncio.timeout(120):
                             async for message in sink.messages:
+                                if "/up/" not in message.topic.value:
+                                    continue
                                 r = int(message.topic.value.split("/")[3])
                                 counts[r] += 1
                                 if counts[r] == n:
                                     last_seen[r] = time.monotonic()
                                     break
                         await asyncio.sleep(0.2)
+                    finished = RunStatus("finished", rounds).encode(run_id)
+                    await sink.publish(f"{base}/state", finished, qos=1, retain=True)
 
             asyncio.run(drive())
             load = _finish(process, load_out, timeout=120)
@@ -290,6 +287,6 @@ def raw_fanin(n: int, rounds: int) -> dict[str, Any]:
             "publish_acked_s": r["t_acked"] - r["t_publish"],
         }
         for r in load["rounds"]
-        if r["round"] in last_seen
+        if r["round"] in last_seen and r["t_publish"]
     ]
     return {"n": n, "rounds": rows}

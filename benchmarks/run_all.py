@@ -2,8 +2,8 @@
 
     python -m benchmarks.run_all [--quick] [--only NAME[,NAME...]]
 
-Names, in the order they run: codec, aggregation, fanin, coordinator, round, bytes,
-flower, accuracy. Only one federation runs at a time (they run one after another). A
+Names, in the order they run: codec, aggregation, fanin, coordinator, scale, round,
+bytes, flower, fleet, accuracy. Only one federation runs at a time (they run one after another). A
 benchmark that fails is recorded as failed and the others still run; the exit code is 1
 if any failed. The goals table is also written to results/goals[-quick].json.
 """
@@ -26,9 +26,11 @@ BENCHMARKS = (
     "aggregation",
     "fanin",
     "coordinator",
+    "scale",
     "round",
     "bytes",
     "flower",
+    "fleet",
     "accuracy",
 )
 
@@ -69,6 +71,18 @@ def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         )
     elif r and "skipped" in r:
         add("mqttfl no slower than Flower", r["skipped"], None)
+    if r := results.get("scale"):
+        g = r["bytes"]["goal"]
+        add(g["goal"], f"{g['figure_bytes'] / 1000:.1f} KB", g["met"])
+        for g in r["rounds"]["goals"]:
+            figure = g["figure_s"]
+            add(g["goal"], "n/a" if figure is None else f"{figure * 1000:.0f} ms", g["met"])
+        g = r["startup"]["goal"]
+        add(g["goal"], f"{g['figure_s'] * 1000:.0f} ms (slowest median)", g["met"])
+    if r := results.get("fleet", {}).get("federation"):
+        for g in r["goals"]:
+            unit = "figure_mb" if "figure_mb" in g else "figure_gb"
+            add(g["goal"], f"{g[unit]:.1f} {unit[-2:].upper()}", g["met"])
     return rows
 
 

@@ -210,6 +210,82 @@ def accuracy(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def scale(doc: dict[str, Any]) -> list[str]:
+    b = doc["bytes"]
+    lines = [
+        "### Many clients: bytes per client-round against N (up + down, C=21, d=256)",
+        "",
+        _head(doc),
+        "| method | " + " | ".join(f"N={n}" for n in b["sizes"]) + " |",
+        "|---|" + "---|" * len(b["sizes"]),
+    ]
+    for label, rows in b["table"].items():
+        cells = " | ".join(f"{r['bytes_per_client_round_max'] / 1000:,.1f} KB" for r in rows)
+        lines.append(f"| {label} | {cells} |")
+    lines += [
+        "",
+        "![bytes per client-round against N](docs/figures/bytes_vs_n.png)",
+        "",
+        "### Many clients: FedAPA (bounded) rounds against load clients",
+        "",
+        "| N | rounds | uploads accepted | clients holding their complete downlink | "
+        "down KB per client | last upload -> downlinks acked (ms) | aggregate (ms) | "
+        "last upload -> every client holds its downlink (ms, median / worst) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n, r in doc["rounds"]["by_n"].items():
+        held = r["last_upload_to_all_downlinks_held_s"]
+        lines.append(
+            f"| {n} | {r['rounds']} | {min(r['uploads_accepted'])} each | "
+            f"{min(r['complete_downlinks'])} each | "
+            f"{_median(r['down_bytes_per_client']) / 1000:.1f} | "
+            f"{_ms(r['overhead_downlinks_s'])} | {_ms(r['aggregate_s'])} | "
+            f"{_ms(held)} / {_ms(held, 'max')} |"
+        )
+    lines += ["", "| start-up (fresh process) | median (ms) | min | max |", "|---|---|---|---|"]
+    for name, v in doc["startup"]["commands"].items():
+        lines.append(f"| `{name}` | {_ms(v)} | {_ms(v, 'min')} | {_ms(v, 'max')} |")
+    return lines
+
+
+def fleet(doc: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    if f := doc.get("federation"):
+        rounds = ", ".join(f"{s:.1f}" for s in f["round_wall_s"])
+        lines += [
+            f"### Many clients: a {f['clients']}-client training federation in "
+            f"{f['fleets']} fleets",
+            "",
+            _head(doc),
+            f"`mqttfl run configs/fedapa-csi.toml --fleets {f['fleets']}` with "
+            + " ".join(f"`{o}`" for o in f["overrides"])
+            + f": {f['rounds']} rounds, {f['clients_reporting']} clients reporting, "
+            f"join {f['join_s']:.1f} s, round to round {rounds} s, whole job {f['wall_s']:.1f} s.",
+            "",
+            "| process | count | peak RSS (MB), max | median |",
+            "|---|---|---|---|",
+        ]
+        for role, v in f["peak_rss_mb"].items():
+            lines.append(f"| {role} | {v['processes']} | {v['max']:.0f} | {v['median']:.0f} |")
+        lines.append(f"| all together, at their peak | | {f['peak_total_gb'] * 1024:.0f} | |")
+    if a := doc.get("accuracy"):
+        lines += [
+            "",
+            f"### FedAPA exact against bounded P: {a['clients']} clients, {a['rounds']} rounds, "
+            f"seeds {a['seeds']}",
+            "",
+            "| P | accuracy (%, mean ± sd over seeds) | per seed | down KB per client-round |",
+            "|---|---|---|---|",
+        ]
+        for name, v in a["table"].items():
+            per_seed = ", ".join(f"{r['accuracy'] * 100:.2f}" for r in v["runs"])
+            lines.append(
+                f"| {name} | {v['accuracy_mean'] * 100:.2f} ± {v['accuracy_sd'] * 100:.2f} | "
+                f"{per_seed} | {v['down_kb_per_client_round']:.1f} |"
+            )
+    return lines
+
+
 SECTIONS = {
     "fanin": fanin,
     "coordinator": coordinator,
@@ -218,6 +294,8 @@ SECTIONS = {
     "round": round_,
     "bytes": bytes_,
     "flower": flower,
+    "scale": scale,
+    "fleet": fleet,
     "accuracy": accuracy,
 }
 

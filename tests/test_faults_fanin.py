@@ -35,7 +35,10 @@ def test_fan_in_of_100_simultaneous_uploads(broker: LocalBroker, tmp_path: Path)
                 "federation.final_metrics_timeout_s=10",
             ],
         ) as fed,
-        Witness(broker.port, [DROPPED, f"mqttfl/{RUN_ID}/round/+/up/+"]) as witness,
+        Witness(
+            broker.port,
+            [DROPPED, f"mqttfl/{RUN_ID}/round/+/up/+", f"mqttfl/{RUN_ID}/round/+/down/+"],
+        ) as witness,
     ):
         fed.start_coordinator()
         fed.start_load(n)
@@ -53,7 +56,18 @@ def test_fan_in_of_100_simultaneous_uploads(broker: LocalBroker, tmp_path: Path)
     dropped = [int(m.payload) for m in witness.seen(lambda m: m.topic == DROPPED)]
     assert dropped and set(dropped) == {0}
     assert summary["rejections"] == {} and summary["missing_uploads"] == 0
-    first = [m.at for m in witness.seen(lambda m: topic_parts(m.topic)[:2] == ["round", "1"])]
+    # FedAPA's bounded downlink (k=8 < N-1): a client receives S (k+1 sets) in the
+    # broadcast and Q_i plus its own set in its personal one, for any N; P of all N sets
+    # would be N·C·d·4 = 134 KB here.
+    k, c, d = 8, 21, 16
+    bound = (k + 3) * c * d * 4 + 2048 + 10 * n  # the sets, framing, the broadcast's id list
+    for t in range(1, rounds + 1):
+        down = witness.seen(lambda m, t=t: topic_parts(m.topic)[:3] == ["round", str(t), "down"])
+        broadcast = [len(m.payload) for m in down if m.topic.endswith("/all") and m.payload]
+        personal = [len(m.payload) for m in down if not m.topic.endswith("/all")]
+        assert len(broadcast) == 1 and len(personal) == n
+        assert broadcast[0] + max(personal) <= bound < n * c * d * 4
+    first = [m.at for m in witness.seen(lambda m: topic_parts(m.topic)[:3] == ["round", "1", "up"])]
     spread = max(first) - min(first)
     print(
         "FIGURES fan-in",

@@ -1,4 +1,5 @@
-"""FedAPA's bounded downlink: own set + k sampled peers, an unbiased estimate of Eq. 10."""
+"""FedAPA's bounded downlink: one shared sample of k+1 sets plus each client's own, an
+unbiased estimate of Eq. 10."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ import torch
 from inprocess import Federation
 
 from mqttfl.algorithms.base import ClientInfo, Context, Upload
-from mqttfl.algorithms.fedapa import FedAPAParams, FedAPAServer, peer_sample, prototype_contrast
+from mqttfl.algorithms.fedapa import (
+    FedAPAParams,
+    FedAPAServer,
+    prototype_contrast,
+    sample_weights,
+    shared_sample,
+)
 from mqttfl.wire.control import encode_downlinks
 
 
@@ -39,32 +46,36 @@ def test_up_to_k_plus_one_clients_get_every_set_once_exactly_as_the_paper() -> N
     assert all(set(body) == {"q"} for body in bounded.personal.values())
 
 
-def test_peer_sample_is_own_set_then_k_distinct_peers_with_weights_summing_to_one() -> None:
-    sets, weights = peer_sample(10, 3, seed=0, t=4, row=7)
-    assert sets[0] == 7 and 7 not in sets[1:] and len(set(sets.tolist())) == 4
-    np.testing.assert_allclose(weights, [1 / 10, 9 / 30, 9 / 30, 9 / 30])
+def test_the_shared_sample_is_seeded_and_the_weights_sum_to_one() -> None:
+    sample = shared_sample(10, 4, seed=0, t=4)
+    assert len(set(sample.tolist())) == 4 and sample.tolist() == sorted(sample.tolist())
+    assert shared_sample(10, 4, seed=0, t=4).tolist() == sample.tolist()  # a re-send agrees
+    outside = next(r for r in range(10) if r not in sample)
+    np.testing.assert_allclose(sample_weights(10, sample, outside), [1 / 10] + [9 / 40] * 4)
+    inside = int(sample[1])
+    weights = sample_weights(10, sample, inside)
+    np.testing.assert_allclose(weights, [1 / 10, 9 / 30, 0, 9 / 30, 9 / 30])  # itself: 0
     assert weights.sum() == pytest.approx(1.0)
-    again, _ = peer_sample(10, 3, seed=0, t=4, row=7)
-    assert again.tolist() == sets.tolist()  # seeded: a re-sent downlink is the same
 
 
 def test_the_sampled_contrast_is_an_unbiased_estimate_of_eq_10() -> None:
-    """E over every k-subset of peers of the weighted L_c equals Eq. 10's mean over all N."""
-    n, k, c, d = 5, 2, 4, 6
+    """E over every shared sample S (|S| = m of all N, containing i or not) of client i's
+    weighted L_c over [P_i, *S] equals Eq. 10's mean over all N sets."""
+    n, m, c, d = 5, 3, 4, 6
     gen = torch.Generator().manual_seed(0)
     sets = torch.randn(n, c, d, generator=gen)
     z = torch.randn(7, d, generator=gen)
     y = torch.tensor([0, 1, 2, 3, 0, 1, 2])
     available = torch.tensor([True, True, True, False])
     exact = prototype_contrast(z, sets, y, available, 0.5)
-    row = 2
-    others = [j for j in range(n) if j != row]
-    weights = torch.tensor([1 / n] + [(n - 1) / (k * n)] * k)
-    estimates = [
-        prototype_contrast(z, sets[[row, *peers]], y, available, 0.5, weights)
-        for peers in combinations(others, k)
-    ]
-    assert torch.stack(estimates).mean().item() == pytest.approx(exact.item(), rel=1e-5)
+    for row in (0, 2):
+        estimates = []
+        for members in combinations(range(n), m):
+            sample = np.array(members)
+            weights = torch.from_numpy(sample_weights(n, sample, row))
+            anchors = torch.cat([sets[row : row + 1], sets[list(members)]])
+            estimates.append(prototype_contrast(z, anchors, y, available, 0.5, weights))
+        assert torch.stack(estimates).mean().item() == pytest.approx(exact.item(), rel=1e-5)
     # with every set and uniform weights it is Eq. 10 itself
     uniform = torch.full((n,), 1 / n)
     assert prototype_contrast(z, sets, y, available, 0.5, uniform).item() == pytest.approx(
@@ -72,20 +83,40 @@ def test_the_sampled_contrast_is_an_unbiased_estimate_of_eq_10() -> None:
     )
 
 
-def test_above_k_plus_one_every_personal_downlink_stays_under_the_bound() -> None:
-    c, d, k = 21, 256, 9
+def test_above_k_plus_one_every_downlink_stays_under_the_bound() -> None:
+    c, d, k = 21, 256, 8
     for n in (12, 40):
         down = _server(c, d, k).aggregate(1, _uploads(n, c, d))
-        assert "prototypes" not in down.broadcast
+        assert down.broadcast["prototypes"].shape == (k + 1, c, d)
         payloads = encode_downlinks("r", 1, down.broadcast, down.personal)
-        bound = (k + 2) * c * d * 4 + 2048  # k+1 sets and Q_i, float32, plus framing
-        assert max(len(p) for p in payloads.personal.values()) <= bound <= 250_000
+        bound = (k + 3) * c * d * 4 + 2048  # S, P_i and Q_i, float32, plus framing
+        biggest = len(payloads.broadcast) + max(len(p) for p in payloads.personal.values())
+        assert biggest <= bound <= 250_000
         body = down.personal["3"]
-        assert body["peers"].shape == (k + 1, c, d) and body["peer_weights"].shape == (k + 1,)
+        assert body["own"].shape == (c, d) and body["set_weights"].shape == (k + 2,)
 
 
 def test_a_federation_above_the_bound_trains_on_sampled_sets() -> None:
     fed = Federation("fedapa", clients=5, rounds=2, max_peer_sets=2).run()
     client = fed.clients[0]
-    assert client.p is not None and client.p.shape[0] == 3  # own set + 2 peers
+    assert client.p is not None and client.p.shape[0] == 4  # own set + a sample of 3
     assert client.p_weights is not None and float(client.p_weights.sum()) == pytest.approx(1.0)
+
+
+def test_sample_weights_that_do_not_fit_the_broadcast_sample_drop_l_c_for_the_round() -> None:
+    fed = Federation("fedapa", clients=5, rounds=1, max_peer_sets=2).run()
+    client = fed.clients[0]
+    c, d = client.ctx.num_classes, client.ctx.embed_dim
+    broadcast = {
+        "available": np.ones(c, np.uint8),
+        "prototypes": np.zeros((3, c, d), np.float32),
+    }
+    personal = {
+        "q": np.zeros((c, d), np.float32),
+        "own": np.zeros((c, d), np.float32),
+        "set_weights": np.full(2, 0.5, np.float32),  # S has 3 sets: 4 weights expected
+    }
+    client.check_downlink(broadcast, None)
+    client.check_downlink({}, personal)
+    client.receive(2, broadcast, personal)
+    assert client.p is None and client.p_weights is None and client.q is not None

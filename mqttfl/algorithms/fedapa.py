@@ -13,14 +13,19 @@ follows the cosine warm-up of Eq. 11 (Algorithm 2).
 
 **Bounded downlinks.** Eq. 10's L_c needs P, every client's padded set: N·C·d·4 bytes
 per client-round, N² in all (2.15 MB per client at N=100, C=21, d=256). With more than
-k+1 uploads in a round (k = ``max_peer_sets``), client i instead receives, in its
-personal downlink, its own set P_i and k peers' sets drawn uniformly without replacement
-(seeded by run, round and client), with weights 1/N for its own and (N-1)/(kN) for each
-peer. Each peer is drawn with probability k/(N-1), so the weighted L_c is an unbiased
-estimate of Eq. 10's (1/N)·Σ_j, and the downlink is (k+2)·C·d·4 bytes for any N (236 KB
-at k=9, C=21, d=256). Sampling keeps peers the server finds dissimilar in play, as Eq. 10
-does; the k most similar (Eq. 5) would bias L_c toward sets L_g already pulls toward.
-With N ≤ k+1 every set is sent once, in the broadcast, exactly as the paper's Algorithm 1
+k+1 uploads in a round (k = ``max_peer_sets``), the broadcast instead carries one sample
+S of k+1 padded sets, drawn uniformly without replacement from all N (seeded by run and
+round), the same for every client; client i's personal downlink adds its own set P_i and
+the weights of its L_c: 1/N for P_i, (N-1)/(N·m) for each of the m members of S other
+than i, 0 for itself if drawn. Given m, S∖{i} is a uniform m-subset of i's peers, so
+the weighted L_c is an unbiased estimate of Eq. 10's (1/N)·Σ_j for every client. A client
+receives k+3 sets (S, P_i, Q_i): 236.5 KB at k=8, C=21, d=256, for any N. One shared
+sample rather than one per client because the coordinator then encodes, checkpoints and
+publishes S once and two sets per client (43 MB at N=1000, not 237 MB), and the broker
+fans the broadcast out; each client's estimate is as unbiased as with its own sample.
+Sampling keeps peers the server finds dissimilar in play, as Eq. 10 does; the k most
+similar (Eq. 5) would bias L_c toward sets L_g already pulls toward. With N ≤ k+1, S is
+every set, sent once in the broadcast with no weights, exactly as the paper's Algorithm 1
 (the default 6-client job).
 
 The two Table IV ablations reuse this module: ``fedapa-global-avg`` replaces Eqs. 5-7
@@ -79,8 +84,8 @@ class FedAPAParams(BaseModel):
     warmup_rounds: int | None = Field(None, ge=1)
     aggregation: Literal["similarity", "mean"] = "similarity"
     use_client_prototypes: bool = True
-    # k: above k+1 uploads, each client gets its own padded set and k sampled peers'
-    max_peer_sets: int = Field(9, ge=1)
+    # k: above k+1 uploads, the broadcast carries k+1 sampled sets, not all N
+    max_peer_sets: int = Field(8, ge=1)
 
 
 def warmup_length(rounds: int, warmup_rounds: int | None) -> int:
@@ -198,15 +203,21 @@ def prototype_contrast(
     return (set_weights.to(per_set.dtype) * per_set.mean(dim=1)).sum()
 
 
-def peer_sample(n: int, k: int, *, seed: int, t: int, row: int) -> tuple[np.ndarray, np.ndarray]:
-    """Client ``row``'s sets for L_c when n > k+1: itself, then k peers drawn uniformly
-    without replacement; weights 1/n for itself, (n-1)/(k·n) per peer (they sum to 1)."""
-    rng = np.random.default_rng([seed, t, row, 10])
-    peers = rng.choice(np.delete(np.arange(n), row), size=k, replace=False)
-    sets = np.concatenate([[row], np.sort(peers)])
-    weights = np.full(k + 1, (n - 1) / (k * n), np.float32)
+def shared_sample(n: int, size: int, *, seed: int, t: int) -> np.ndarray:
+    """The round's sample S: ``size`` of the n sets, uniformly without replacement, sorted
+    (seeded by run and round, so a re-sent downlink is the same)."""
+    rng = np.random.default_rng([seed, t, 10])
+    return np.sort(rng.choice(n, size=size, replace=False))
+
+
+def sample_weights(n: int, sample: np.ndarray, row: int) -> np.ndarray:
+    """Client ``row``'s L_c weights over [its own set, *S]: 1/n for its own, (n-1)/(n·m)
+    for each of the m members of S other than itself, 0 for itself (they sum to 1)."""
+    others = sample != row
+    weights = np.zeros(len(sample) + 1, np.float32)
     weights[0] = 1.0 / n
-    return sets, weights
+    weights[1:][others] = (n - 1) / (n * int(others.sum()))
+    return weights
 
 
 def prototype_schema(ctx: Context, *, counts: bool = False) -> PayloadSchema:
@@ -263,10 +274,14 @@ class FedAPAServer(ServerSide):
         n, k = len(uploads), p.max_peer_sets
         if p.use_client_prototypes and n <= k + 1:
             broadcast["prototypes"] = padded  # exact Eq. 10: every set, once
-        elif p.use_client_prototypes:  # bounded: own set and k sampled peers, per client
+        elif p.use_client_prototypes:  # bounded: one shared sample, own set and weights
+            sample = shared_sample(n, k + 1, seed=self.ctx.seed, t=t)
+            broadcast["prototypes"] = padded[sample]
             for row, upload in enumerate(uploads):
-                sets, weights = peer_sample(n, k, seed=self.ctx.seed, t=t, row=row)
-                personal[upload.client_id] = {"peers": padded[sets], "peer_weights": weights}
+                personal[upload.client_id] = {
+                    "own": padded[row],
+                    "set_weights": sample_weights(n, sample, row),
+                }
         if p.aggregation == "mean":  # one global set: send it once, not per client
             broadcast["global"] = q[0] if len(q) else q.reshape(0, self.ctx.embed_dim)
         else:
@@ -279,8 +294,8 @@ class FedAPAClient(ClientSide):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.q: Tensor | None = None  # (C, d) personalized Q_i
-        self.p: Tensor | None = None  # (N, C, d) padded P, or (k+1, C, d) sampled sets
-        self.p_weights: Tensor | None = None  # (k+1,) weights of the sampled sets
+        self.p: Tensor | None = None  # (N, C, d) padded P, or (k+2, C, d): P_i and S
+        self.p_weights: Tensor | None = None  # (k+2,) their weights, with a sample
         self.available: Tensor | None = None  # (C,) bool
 
     @classmethod
@@ -317,21 +332,30 @@ class FedAPAClient(ClientSide):
         expect_array(broadcast, "global", (c, d))
         mine = personal or {}
         expect_array(mine, "q", (c, d))
-        peers = expect_array(mine, "peers", (None, c, d))
-        weights = expect_array(mine, "peer_weights", (None if peers is None else len(peers),))
-        if (peers is None) != (weights is None):
-            raise WireError("missing_field", "sampled peer sets come with their weights")
+        own = expect_array(mine, "own", (c, d))
+        weights = expect_array(mine, "set_weights", (None,))
+        if (own is None) != (weights is None):
+            raise WireError("missing_field", "the own set comes with the sample's weights")
+        if weights is not None and (weights < 0).any():
+            raise WireError("range", "negative sample weights")
 
     def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
         if "available" not in broadcast:
             return
         self.available = torch.from_numpy(broadcast["available"].astype(bool))
         self.p, self.p_weights = None, None
-        if personal is not None and "peers" in personal:
-            self.p = torch.from_numpy(personal["peers"])
-            self.p_weights = torch.from_numpy(personal["peer_weights"])
-        elif "prototypes" in broadcast:
-            self.p = torch.from_numpy(broadcast["prototypes"])
+        sets = broadcast.get("prototypes")
+        if personal is not None and "own" in personal:  # a sample S: [P_i, *S], weighted
+            weights = personal["set_weights"]
+            if sets is not None and len(weights) == len(sets) + 1:
+                self.p = torch.from_numpy(np.concatenate([personal["own"][None], sets]))
+                self.p_weights = torch.from_numpy(weights)
+            else:
+                get_logger().warning(
+                    "downlink.inconsistent", round=t, reason="sample weights do not fit S"
+                )
+        elif sets is not None:
+            self.p = torch.from_numpy(sets)
         if "global" in broadcast:
             self.q = torch.from_numpy(broadcast["global"])
         elif personal is not None and "q" in personal:
