@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the clients in K fleet processes (contiguous id blocks) instead of one "
         "process per client",
     )
+    run.add_argument(
+        "--no-local-reference",
+        action="store_true",
+        help="skip the Local reference (each client trained alone, cached after the first "
+        "run) that the result table compares every client's accuracy with",
+    )
     run.set_defaults(func=cmd_run)
 
     coord = sub.add_parser("coordinator", help="run the coordinator against a broker")
@@ -219,6 +225,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         config, args.config, args.overrides, out, broker, fleets=args.fleets
     )
     summary = federation.run()
+    if config.method != "local" and not args.no_local_reference:
+        from mqttfl.reference import add_local_reference
+
+        summary = add_local_reference(config, summary, out)
     sys.stdout.write(format_table(summary) + f"\nrun directory: {out}\n")
     return 0
 

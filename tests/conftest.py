@@ -1,4 +1,4 @@
-"""Shared fixture: a real mosquitto on a free loopback port."""
+"""Shared fixtures: a real mosquitto on a free loopback port; a cache for Local references."""
 
 from __future__ import annotations
 
@@ -22,3 +22,13 @@ if os.environ.get("CI") or os.environ.get("MQTTFL_REQUIRE_SHARED_DATA"):
 def broker(tmp_path: Path) -> Iterator[LocalBroker]:
     with LocalBroker(tmp_path / "broker") as running:
         yield running
+
+
+@pytest.fixture(scope="session", autouse=True)
+def reference_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """`mqttfl run`'s Local references go to a cache of this session (inherited by the
+    command lines the tests start), never to the user's ~/.cache."""
+    cache = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MQTTFL_CACHE_DIR", str(cache))
+        yield cache

@@ -25,6 +25,8 @@ MODULES = [
     "mqttfl.runtime.security",
     "mqttfl.runtime.loadclient",
     "mqttfl.report",
+    "mqttfl.reference",
+    "mqttfl.runtime.device",
     "mqttfl.data.data_cli",
 ]
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 import structlog
 import torch
 
@@ -35,8 +34,8 @@ from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.errors import WireError
 from mqttfl.logs import get_logger
-from mqttfl.models import build_model
 from mqttfl.runtime.client_state import StateFile
+from mqttfl.runtime.device import build_client_side, round_rng
 from mqttfl.runtime.transport import BrokerAddress, Bus, Credentials, Incoming
 from mqttfl.training.metrics import classification_report
 from mqttfl.wire import Message, Topics, check_id, encode
@@ -53,8 +52,7 @@ from mqttfl.wire.control import (
     read_start,
     read_status,
 )
-from mqttfl.wire.schemas import ClientInfo
-from mqttfl.wire.topics import BROADCAST, client_number
+from mqttfl.wire.topics import BROADCAST
 
 T = TypeVar("T")
 
@@ -115,24 +113,8 @@ class ClientRunner:
         torch.set_num_threads(config.train.torch_threads)
         algorithm = get_algorithm(config.method)
         self.ctx = make_context(config)
-        arch = config.model.arch_for(client_number(client_id))
-        torch.manual_seed(config.seed)  # identical initial weights per architecture
-        sample_shape = tuple(int(n) for n in shard.x_train.shape[1:])
-        self.model = build_model(
-            arch,
-            num_classes=config.model.num_classes,
-            embed_dim=config.model.embed_dim,
-            input_dim=sample_shape[0] if len(sample_shape) == 1 else None,
-        )
-        self.info = ClientInfo(
-            client_id,
-            arch,
-            tuple(int(c) for c in np.unique(shard.y_train)),
-            int(len(shard.y_train)),
-            sample_shape,
-            site=config.broker.site,
-        )
-        self.method = algorithm.client(self.ctx, self.info, self.model, shard, config.train)
+        self.method = build_client_side(config, algorithm, self.ctx, client_id, shard)
+        self.model, self.info = self.method.model, self.method.info
         self.schema = algorithm.upload_schema(self.ctx, self.info)
         self.progress = Progress()
         self.state_file = StateFile(state_dir / f"client-{client_id}.pt")
@@ -356,9 +338,7 @@ class ClientRunner:
         self.training_round = t
         try:
             log.info("training.started", selected=len(start.selected))
-            rng = np.random.default_rng(
-                [self.config.seed, self.info.num_samples, t, client_number(self.client_id)]
-            )
+            rng = round_rng(self.config.seed, self.info, t)
             params = dict(start.params)
             loss = await self._off_loop(self.method.train, t, params, rng)
             body = await self._off_loop(self.method.make_upload, t)

@@ -1,0 +1,170 @@
+"""The Local reference beside `mqttfl run`'s table (mqttfl.reference): it is what a Local
+run of the same federation reports, it is cached by what determines it, and the table
+shows it with the gain."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import FAST, mqttfl
+from structlog.testing import capture_logs
+
+from mqttfl.config import load_config
+from mqttfl.pooled import client_shards
+from mqttfl.reference import LocalReference, local_reference, reference_key, with_reference
+from mqttfl.runtime.launcher import format_table
+
+CONFIG = "configs/fedapa-csi.toml"
+TINY = [*FAST, "rounds=2", "federation.num_clients=2"]
+# Three clients, two of them trained per round: the reference must select as the
+# coordinator does.
+SELECTING = [*FAST, "rounds=3", "federation.num_clients=3", "federation.fraction=0.5"]
+
+
+def _run(out: Path, *items: str, flags: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:
+    sets = [arg for item in (*SELECTING, *items) for arg in ("--set", item)]
+    result = mqttfl("run", CONFIG, "--out", str(out), *flags, *sets)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    return result.stdout, json.loads((out / "summary.json").read_text())
+
+
+def _reference_events(logs: list[dict[str, Any]]) -> list[str]:
+    return [e["event"] for e in logs if e["event"].startswith("reference.")]
+
+
+@pytest.mark.slow
+def test_the_reference_is_what_a_local_run_reports(tmp_path: Path, reference_cache: Path) -> None:
+    stdout, federated = _run(tmp_path / "fedavg", "method=fedavg")
+    reference = federated["local_reference"]
+    assert reference["source"] == "trained"
+    assert Path(reference["cache"]).parent == reference_cache / "local-reference"
+    assert Path(reference["cache"]).is_file()
+    header = stdout.splitlines()[1].split()
+    assert header[:4] == ["client", "accuracy", "local", "gain"]
+    for client, row in federated["clients"].items():
+        gain = row["accuracy"] - reference["clients"][client]["accuracy"]
+        assert reference["gain"]["clients"][client] == pytest.approx(gain)
+
+    stdout, local = _run(tmp_path / "local", "method=local")
+    assert "local_reference" not in local and "gain" not in stdout  # nothing to compare
+    assert set(local["clients"]) == set(reference["clients"]) == {"0", "1", "2"}
+    for client, row in local["clients"].items():
+        assert {k: row[k] for k in ("accuracy", "f1", "mae")} == reference["clients"][client]
+
+    stdout, skipped = _run(tmp_path / "fedapa", "method=fedapa", flags=("--no-local-reference",))
+    assert "local_reference" not in skipped and "gain" not in stdout
+    # Another method, same federation: the CLI's cached reference is this one.
+    again = local_reference(load_config(CONFIG, [*SELECTING, "method=fedapa"]))
+    assert (again.source, again.key, str(again.path)) == (
+        "cached",
+        reference["key"],
+        reference["cache"],
+    )
+
+
+def test_the_cache_is_hit_for_the_same_federation_and_missed_for_another_seed(
+    tmp_path: Path,
+) -> None:
+    config = load_config(CONFIG, [*TINY, "method=fedapa"])
+    other_method = load_config(
+        CONFIG, [*TINY, "method=fedavg", "run_id=other", "broker.keepalive_s=30"]
+    )
+    with capture_logs() as logs:
+        first = local_reference(config, cache_dir=tmp_path)
+        again = local_reference(other_method, cache_dir=tmp_path)
+        reseeded = local_reference(load_config(CONFIG, [*TINY, "seed=1"]), cache_dir=tmp_path)
+    assert _reference_events(logs) == [
+        "reference.training",
+        "reference.trained",
+        "reference.cached",
+        "reference.training",
+        "reference.trained",
+    ]
+    assert (first.source, again.source, reseeded.source) == ("trained", "cached", "trained")
+    assert again.clients == first.clients and set(first.clients) == {"0", "1"}
+    assert (again.key, again.path, again.seconds) == (first.key, first.path, first.seconds)
+    assert reseeded.key != first.key
+    assert sorted(p.name for p in (tmp_path / "local-reference").iterdir()) == sorted(
+        [f"{first.key}.json", f"{reseeded.key}.json"]
+    )
+
+    assert first.path is not None
+    first.path.write_text("{not json")  # a damaged cache file is trained anew
+    with capture_logs() as logs:
+        retrained = local_reference(config, cache_dir=tmp_path)
+    assert _reference_events(logs)[:2] == ["reference.unreadable", "reference.training"]
+    assert retrained.source == "trained" and retrained.clients == first.clients
+
+
+def test_the_key_follows_the_data_not_the_method() -> None:
+    config = load_config(CONFIG, TINY)
+    shards = client_shards(config)
+    key, keyed = reference_key(config, shards)
+    assert "method" not in json.dumps(keyed["config"])
+    assert reference_key(load_config(CONFIG, [*TINY, "method=local"]), shards)[0] == key
+    labels = shards["1"].y_train.copy()
+    labels[0] = (labels[0] + 1) % 21  # one label of one client
+    relabelled = {**shards, "1": replace(shards["1"], y_train=labels)}
+    assert reference_key(config, relabelled)[0] != key
+    for item in ("rounds=3", "train.lr=0.02", "model.name=tiny", "federation.fraction=0.5"):
+        assert reference_key(load_config(CONFIG, [*TINY, item]), shards)[0] != key, item
+
+
+def _summary() -> dict[str, Any]:
+    row = {"f1": 0.3, "mae": 1.5, "kb_sent": 10.0, "kb_received": 20.0}
+    return {
+        "method": "fedapa",
+        "run_id": "r",
+        "rounds_completed": 3,
+        "clients": {"0": {"accuracy": 0.5, **row}, "1": {"accuracy": 0.25, **row}},
+        "mean": {"accuracy": 0.375, "f1": 0.3, "mae": 1.5},
+        "comm": {"up_bytes_per_client_round": 1000, "down_bytes_per_client_round": 2000},
+    }
+
+
+def test_the_table_shows_local_and_gain_beside_each_accuracy() -> None:
+    local = {
+        "0": {"accuracy": 0.4, "f1": 0.2, "mae": 2.0},
+        "1": {"accuracy": 0.3, "f1": 0.2, "mae": 2.0},
+    }
+    reference = LocalReference(local, "k" * 64, "cached", Path("/cache/k.json"), 12.0)
+    summary = with_reference(_summary(), reference)
+    assert summary["local_reference"]["gain"]["clients"] == pytest.approx({"0": 0.1, "1": -0.05})
+    assert summary["local_reference"]["gain"]["mean"] == pytest.approx(0.025)
+    lines = format_table(summary).splitlines()
+    assert lines[1].split() == [
+        "client",
+        "accuracy",
+        "local",
+        "gain",
+        "macro-F1",
+        "MAE",
+        "KB",
+        "sent",
+        "KB",
+        "recv",
+    ]
+    assert lines[2].split()[:5] == ["0", "0.5000", "0.4000", "+0.1000", "0.3000"]
+    assert lines[3].split()[:5] == ["1", "0.2500", "0.3000", "-0.0500", "0.3000"]
+    assert lines[4].split() == ["mean", "0.3750", "0.3500", "+0.0250", "0.3000", "1.500"]
+    assert "gain = accuracy - local" in lines[5]
+    assert lines[6] == "local reference: reused from /cache/k.json"
+
+    plain = format_table(_summary()).splitlines()
+    assert "local" not in plain[1] and "gain" not in plain[1]
+    assert plain[2].split() == ["0", "0.5000", "0.3000", "1.500", "10.0", "20.0"]
+
+
+def test_a_client_without_a_reference_shows_dashes() -> None:
+    reference = LocalReference(
+        {"0": {"accuracy": 0.4, "f1": 0.2, "mae": 2.0}}, "k" * 64, "trained", None, 3.0
+    )
+    lines = format_table(with_reference(_summary(), reference)).splitlines()
+    assert lines[3].split()[:4] == ["1", "0.2500", "-", "-"]
+    assert lines[4].split()[:4] == ["mean", "0.3750", "0.4000", "+0.1000"]
+    assert lines[6] == "local reference: trained in 3 s, could not be cached"
