@@ -17,7 +17,7 @@ from mqttfl.compare import add_compare_command
 from mqttfl.config import RunConfig, load_config
 from mqttfl.data.data_cli import add_data_commands
 from mqttfl.errors import BrokerError, MqttflError
-from mqttfl.logs import configure_logging
+from mqttfl.logs import configure_logging, get_logger
 from mqttfl.paths import make_dir
 from mqttfl.report import add_report_command
 from mqttfl.runtime.security import add_broker_commands
@@ -228,7 +228,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.method != "local" and not args.no_local_reference:
         from mqttfl.reference import add_local_reference
 
-        summary = add_local_reference(config, summary, out)
+        try:
+            summary = add_local_reference(config, summary, out)
+        except Exception as exc:  # noqa: BLE001 - the federation's own result still stands
+            get_logger().warning("reference.failed", error=f"{type(exc).__name__}: {exc}")
     sys.stdout.write(format_table(summary) + f"\nrun directory: {out}\n")
     return 0
 
