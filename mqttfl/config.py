@@ -64,6 +64,9 @@ class DataConfig(_Table):
     # image partitions
     partition: Literal["dirichlet", "pathological", "nway_kshot"] = "dirichlet"
     partition_params: dict[str, float] = Field(default_factory=dict)
+    # Recipe search: each client holds out this stratified share of its TRAINING split
+    # and scores on it instead of its test split (never read then). 0: off.
+    validation_fraction: float = Field(0.0, ge=0.0, lt=1.0)
 
 
 def _known_model(name: str) -> str:

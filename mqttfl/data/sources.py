@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
+
+import numpy as np
 
 from mqttfl.config import DataConfig
 from mqttfl.data.shard import Shard, load_shard
@@ -82,7 +85,54 @@ def load_client_shard(
     num_clients: int,
     shard_dir: Path | None = None,
 ) -> Shard:
-    """The client's local shard. ``shard_dir`` (``--data DIR``) overrides the config."""
+    """The client's local shard. ``shard_dir`` (``--data DIR``) overrides the config.
+    With ``data.validation_fraction`` the test split is replaced by a held-out part of the
+    training split (:func:`validation_shard`)."""
+    shard = _source_shard(
+        data,
+        client_id,
+        seed=seed,
+        num_classes=num_classes,
+        num_clients=num_clients,
+        shard_dir=shard_dir,
+    )
+    if data.validation_fraction > 0:
+        return validation_shard(shard, data.validation_fraction, seed=seed, client_id=client_id)
+    return shard
+
+
+def validation_shard(shard: Shard, fraction: float, *, seed: int, client_id: str) -> Shard:
+    """Train on the rest of the training split and score on a stratified, seeded share of
+    it: hyper-parameters are chosen on this, and the test split is dropped unread. Each
+    class with at least two training samples gives round(fraction·n), at least one."""
+    y = shard.y_train
+    rng = np.random.default_rng([seed, 7, zlib.crc32(client_id.encode())])
+    held: list[np.ndarray] = []
+    for label in np.unique(y):
+        rows = np.flatnonzero(y == label)
+        if len(rows) < 2:
+            continue
+        take = min(len(rows) - 1, max(1, round(fraction * len(rows))))
+        held.append(rng.choice(rows, size=take, replace=False))
+    if not held:
+        raise DataError(
+            f"client {client_id}", "too few training samples to hold out a validation split"
+        )
+    mask = np.zeros(len(y), bool)
+    mask[np.concatenate(held)] = True
+    meta = {**shard.meta, "validation_fraction": fraction, "scored_on": "validation"}
+    return Shard(shard.x_train[~mask], y[~mask], shard.x_train[mask], y[mask], meta)
+
+
+def _source_shard(
+    data: DataConfig,
+    client_id: str,
+    *,
+    seed: int,
+    num_classes: int,
+    num_clients: int,
+    shard_dir: Path | None,
+) -> Shard:
     if shard_dir is not None:
         return load_shard(shard_dir)
     if data.source == "synthetic":

@@ -1,0 +1,93 @@
+"""Recipes chosen on validation: a small grid per shipped image config, never on test.
+
+For each config, every (lr, local epochs) of the grid runs a real local federation
+(``mqttfl run``, one process per client) for Local, FedAvg and the config's own method
+with ``data.validation_fraction=0.2``: each client trains on 80% of its training split
+and is scored on the held-out 20% (the test split is not read). The recipe with the best
+mean validation accuracy over the three is chosen; then the three run once with it on
+the test split, which is reported and never used to choose.
+
+    python -m benchmarks.tune_recipes [--quick]    # -> benchmarks/results/recipes.json
+
+A run whose directory under benchmarks/results/work/recipes/ already holds a summary is
+read, not run again (delete that folder to start over).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+from benchmarks.common import REPO, WORK, bench_main, log
+
+CONFIGS = {"digits": "configs/digits-fedsap.toml", "mnist": "configs/mnist-fedpam.toml"}
+GRID = {"train.lr": (0.01, 0.05, 0.1), "train.local_epochs": (1, 2)}
+SEARCHED = ("local", "fedavg")
+VALIDATION = "data.validation_fraction=0.2"
+
+
+def _run(config: str, name: str, overrides: list[str]) -> dict[str, Any]:
+    out = WORK / "recipes" / name
+    if (out / "summary.json").exists():
+        summary = json.loads((out / "summary.json").read_text())
+        return {"accuracy": summary["mean"]["accuracy"], "f1": summary["mean"]["f1"]}
+    if out.exists():
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "mqttfl", "run", config, "--out", str(out)]
+    cmd += ["--no-local-reference", *(a for o in overrides for a in ("--set", o))]
+    began = time.monotonic()
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr[-1500:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    return {
+        "accuracy": summary["mean"]["accuracy"],
+        "f1": summary["mean"]["f1"],
+        "seconds": time.monotonic() - began,
+    }
+
+
+def tune(label: str, config: str, quick: bool) -> dict[str, Any]:
+    grid = [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
+    if quick:
+        grid = grid[:2]
+    rows = []
+    methods = (*SEARCHED, _config_method(config))
+    for recipe in grid:
+        settings = [f"{k}={v}" for k, v in recipe.items()]
+        scores = {}
+        for method in methods:
+            name = f"{label}-{method}-" + "-".join(str(v) for v in recipe.values())
+            scores[method] = _run(config, name, [f"method={method}", VALIDATION, *settings])
+        mean = sum(s["accuracy"] for s in scores.values()) / len(scores)
+        log(f"{label} {settings}: validation {mean:.4f} ({scores})")
+        rows.append({"recipe": recipe, "validation": scores, "validation_mean": mean})
+    best = max(rows, key=lambda r: r["validation_mean"])
+    settings = [f"{k}={v}" for k, v in best["recipe"].items()]
+    tag = "-".join(str(v) for v in best["recipe"].values())
+    test = {
+        method: _run(config, f"{label}-test-{method}-{tag}", [f"method={method}", *settings])
+        for method in methods
+    }
+    log(f"{label}: chose {settings}; test {test}")
+    return {"config": config, "grid": rows, "chosen": best["recipe"], "test": test}
+
+
+def _config_method(config: str) -> str:
+    import tomllib
+
+    return str(tomllib.loads((REPO / config).read_text())["method"]["name"])
+
+
+def run(quick: bool) -> dict[str, Any]:
+    return {label: tune(label, config, quick) for label, config in CONFIGS.items()}
+
+
+if __name__ == "__main__":
+    bench_main("recipes", __doc__.splitlines()[0], run)
