@@ -3,9 +3,12 @@
 For each config, every (lr, local epochs) of the grid runs a real local federation
 (``mqttfl run``, one process per client) for Local, FedAvg and the config's own method
 with ``data.validation_fraction=0.2``: each client trains on 80% of its training split
-and is scored on the held-out 20% (the test split is not read). The recipe with the best
-mean validation accuracy over the three is chosen; then the three run once with it on
-the test split, which is reported and never used to choose.
+and is scored on the held-out 20% (the test split is not read). ``[train]`` takes the
+recipe with the best mean validation accuracy of the methods that train with it: Local,
+FedAvg and the config's method, unless that method has a step of its own
+(``METHOD_LR``: FedPAM's ``pam_lr``), which then takes the learning rate of its own best
+recipe. Then the three run once with that on the test split, which is reported and
+never used to choose.
 
     python -m benchmarks.tune_recipes [--quick]    # -> benchmarks/results/recipes.json
 
@@ -29,6 +32,7 @@ CONFIGS = {"digits": "configs/digits-fedsap.toml", "mnist": "configs/mnist-fedpa
 GRID = {"train.lr": (0.01, 0.05, 0.1), "train.local_epochs": (1, 2)}
 SEARCHED = ("local", "fedavg")
 VALIDATION = "data.validation_fraction=0.2"
+METHOD_LR = {"fedpam": "method.pam_lr"}  # methods whose clients can take their own step
 
 
 def _run(config: str, name: str, overrides: list[str]) -> dict[str, Any]:
@@ -64,19 +68,37 @@ def tune(label: str, config: str, quick: bool) -> dict[str, Any]:
         scores = {}
         for method in methods:
             name = f"{label}-{method}-" + "-".join(str(v) for v in recipe.values())
-            scores[method] = _run(config, name, [f"method={method}", VALIDATION, *settings])
-        mean = sum(s["accuracy"] for s in scores.values()) / len(scores)
+            own_lr = [f"{METHOD_LR[method]}={recipe['train.lr']}"] if method in METHOD_LR else []
+            scores[method] = _run(
+                config, name, [f"method={method}", VALIDATION, *settings, *own_lr]
+            )
+        shared = [m for m in methods if m not in METHOD_LR]  # those that train with [train]
+        mean = sum(scores[m]["accuracy"] for m in shared) / len(shared)
         log(f"{label} {settings}: validation {mean:.4f} ({scores})")
         rows.append({"recipe": recipe, "validation": scores, "validation_mean": mean})
     best = max(rows, key=lambda r: r["validation_mean"])
     settings = [f"{k}={v}" for k, v in best["recipe"].items()]
     tag = "-".join(str(v) for v in best["recipe"].values())
+    own = methods[-1]
+    own_best = max(rows, key=lambda r: r["validation"][own]["accuracy"])["recipe"]
+    extra = {own: [f"{METHOD_LR[own]}={own_best['train.lr']}"]} if own in METHOD_LR else {}
     test = {
-        method: _run(config, f"{label}-test-{method}-{tag}", [f"method={method}", *settings])
+        method: _run(
+            config,
+            f"{label}-test-{method}-{tag}" + ("-own-lr" if method in extra else ""),
+            [f"method={method}", *settings, *extra.get(method, [])],
+        )
         for method in methods
     }
     log(f"{label}: chose {settings}; test {test}")
-    return {"config": config, "grid": rows, "chosen": best["recipe"], "test": test}
+    return {
+        "config": config,
+        "grid": rows,
+        "chosen": best["recipe"],
+        "own_method_best": own_best,
+        "own_method_lr": extra.get(own),
+        "test": test,
+    }
 
 
 def _config_method(config: str) -> str:

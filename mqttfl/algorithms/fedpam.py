@@ -39,6 +39,9 @@ class FedPAMParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     pam_lambda: float = Field(30.0, ge=0)
     pcl_tau: float = Field(0.5, gt=0)
+    # The clients' SGD step, when FedPAM needs another than [train] lr: its λ-weighted
+    # contrastive term diverges at steps plain cross-entropy takes (MNIST: lr 0.05).
+    pam_lr: float | None = Field(None, gt=0)
 
 
 def adjusted_head(weight: Tensor, pam: Tensor) -> Tensor:
@@ -66,6 +69,9 @@ class FedPAMClient(FedAvgClient):
         super().__init__(*args, **kwargs)
         self.pam = nn.Parameter(torch.eye(self.model.embed_dim))
         self.optimizer.add_param_group({"params": [self.pam]})
+        if self.ctx.params.pam_lr is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.ctx.params.pam_lr
 
     def loss(
         self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor
