@@ -11,7 +11,12 @@ rounds). Datasets and settings:
 - ``espectre``: presence from the ESPectre recordings (configs/presence-espectre.toml),
   ``data`` setting; skipped with a note when the shared data is missing;
 - ``digits``: sklearn's 8×8 digits, 10 clients, n-way k-shot (configs/digits-fedsap.toml),
-  ``data`` setting.
+  ``data`` setting;
+- ``mnist``: MNIST-5k, 8 clients, Dirichlet(0.5) (configs/mnist-fedpam.toml), ``data``.
+
+Beside the registered methods, ``fedavg@transformer`` is FedAvg on FedAli's transformer
+with FedAli's local recipe (Adam, its ``local_lr``, no weight decay, 5 epochs, batch 64):
+the same model and budget, so the two rows differ only in FedAli's layer and prototypes.
 
 Table III's rows are every method but the two Table IV ablations, then the pooled
 (centralized) reference of :mod:`mqttfl.pooled` (absent where the clients' samples differ
@@ -55,7 +60,31 @@ DATASETS: dict[str, tuple[str, list[str], list[str], list[str]]] = {
         ["rounds=20", "method.warmup_rounds=10"],
         ["rounds=3", "method.warmup_rounds=2"],
     ),
+    "mnist": (
+        "configs/mnist-fedpam.toml",
+        ["data"],
+        ["rounds=20", "method.warmup_rounds=10"],
+        ["rounds=3", "method.warmup_rounds=2"],
+    ),
 }
+FEDAVG_ON_FEDALI = "fedavg@transformer"
+
+
+def fedali_recipe(config: str, base: list[str]) -> list[str]:
+    """``[train]`` overrides that train like FedAli's clients do in this config."""
+    from mqttfl.algorithms import make_context
+    from mqttfl.config import load_config
+
+    p = make_context(load_config(config, [*base, "method=fedali"])).params
+    return [
+        "train.optimizer=adam",
+        f"train.lr={p.local_lr}",
+        "train.weight_decay=0",
+        f"train.local_epochs={p.local_epochs}",
+        f"train.batch_size={p.local_batch_size}",
+    ]
+
+
 COMMON = [
     "federation.round_timeout_s=300",
     "federation.join_timeout_s=300",
@@ -81,9 +110,12 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
     results = []
     began = time.monotonic()
     plan = [(s, m, seed) for s in settings for m in methods for seed in seeds]
+    recipe = fedali_recipe(config, base)
     for index, (setting, method, seed) in enumerate(plan, start=1):
         out = WORK / "accuracy" / name / setting / method / f"seed-{seed}"
         overrides = compare.run_overrides(base, setting, method, seed)
+        if method == FEDAVG_ON_FEDALI:
+            overrides += recipe
         # A run that finished with this exact config is reused (an interrupted benchmark
         # picks up where it stopped); anything else there would be resumed from an old
         # checkpoint by the coordinator, so it goes.
@@ -164,7 +196,7 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
 def run(quick: bool, datasets: list[str] | None = None) -> dict[str, Any]:
     from mqttfl.algorithms import algorithm_names
 
-    methods = algorithm_names()
+    methods = [*algorithm_names(), FEDAVG_ON_FEDALI]
     seeds = [0] if quick else [0, 1, 2]
     began = time.monotonic()
     out: dict[str, Any] = {}

@@ -3,7 +3,7 @@
     python -m benchmarks.run_all [--quick] [--only NAME[,NAME...]]
 
 Names, in the order they run: codec, aggregation, fanin, coordinator, scale, round,
-bytes, flower, fleet, accuracy. Only one federation runs at a time (they run one after another). A
+bytes, flower, fleet, crossroom, accuracy. Only one federation runs at a time (they run one after another). A
 benchmark that fails is recorded as failed and the others still run; the exit code is 1
 if any failed. The goals table is also written to results/goals[-quick].json.
 """
@@ -31,6 +31,7 @@ BENCHMARKS = (
     "bytes",
     "flower",
     "fleet",
+    "crossroom",
     "accuracy",
 )
 

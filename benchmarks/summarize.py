@@ -286,6 +286,39 @@ def fleet(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def crossroom(doc: dict[str, Any]) -> list[str]:
+    lines = [
+        "### Cross-room benefit: Local, Pooled and FedAvg-then-fine-tune per client",
+        "",
+        _head(doc),
+        "| federation | clients, train windows each | Local | Pooled (gain) | "
+        "FedAvg + fine-tune (gain) | clients gaining per seed (Pooled / FedAvg + FT) |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def cell(v: dict[str, Any] | None) -> str:
+        if v is None:
+            return "absent"
+        text = f"{v['mean'] * 100:.1f} ± {v['std'] * 100:.1f}"
+        return text + (f" ({v['gain'] * 100:+.1f})" if "gain" in v else "")
+
+    for name, f in doc["federations"].items():
+        if "absent" in f:
+            lines.append(f"| {name} | {f['absent']} | | | | |")
+            continue
+        sizes = f["train_samples_per_client"]
+        span = f"{min(sizes)}" if min(sizes) == max(sizes) else f"{min(sizes)}-{max(sizes)}"
+        gaining = " / ".join(
+            ",".join(str(n) for n in f[k]["clients_gaining"]) if k in f else "-"
+            for k in ("pooled", "fedavg_ft")
+        )
+        lines.append(
+            f"| {name}: {f['note']} | {f['clients']}, {span} | "
+            f"{cell(f['local'])} | {cell(f.get('pooled'))} | {cell(f.get('fedavg_ft'))} | {gaining} |"
+        )
+    return lines
+
+
 SECTIONS = {
     "fanin": fanin,
     "coordinator": coordinator,
@@ -296,6 +329,7 @@ SECTIONS = {
     "flower": flower,
     "scale": scale,
     "fleet": fleet,
+    "crossroom": crossroom,
     "accuracy": accuracy,
 }
 

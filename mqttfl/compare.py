@@ -5,7 +5,8 @@ broker, coordinator, one process per client) in its own run directory. The two s
 are FedAPA Table III's halves: ``data`` (statistical heterogeneity only, the config's
 model for every client) and ``model`` (clients cycle through tiny, middle and large).
 A method that needs a particular model (``REQUIRED_MODEL``) runs with it in both
-settings, and the tables say so. Results: ``compare.md`` and ``compare.json`` (accuracy,
+settings, and the tables say so; ``METHOD@MODEL`` (e.g. ``fedavg@transformer``) pins any
+method to a model in the same way, to compare methods on one architecture. Results: ``compare.md`` and ``compare.json`` (accuracy,
 macro-F1, MAE and KB per client-round as mean ± std over seeds; each run's metrics are
 its summary's means over the last five rounds) and ``convergence.png`` (mean client
 accuracy per round, averaged over seeds).
@@ -45,6 +46,19 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
 #: methods that only run on one architecture; they use it in every setting
 REQUIRED_MODEL: dict[str, str] = {"fedali": "transformer"}
 METRICS = ("accuracy", "f1", "mae", "kb")
+
+
+def method_name(method: str) -> str:
+    """The registered method of a compare entry (``fedavg@transformer`` -> ``fedavg``)."""
+    return method.split("@", 1)[0]
+
+
+def pinned_model(method: str) -> str | None:
+    """The model a compare entry runs with in every setting, or None (the config's)."""
+    name, _, model = method.partition("@")
+    return model or REQUIRED_MODEL.get(name)
+
+
 POOLED_METRICS = ("accuracy", "f1", "mae")
 
 
@@ -62,9 +76,9 @@ class RunResult:
 
 def run_overrides(base: list[str], setting: str, method: str, seed: int) -> list[str]:
     """The --set list of one run: the user's, then the setting's, method and seed."""
-    overrides = [*base, *SETTINGS[setting][1], f"method={method}", f"seed={seed}"]
-    if method in REQUIRED_MODEL:
-        overrides += [f"model.name={REQUIRED_MODEL[method]}", "model.per_client=[]"]
+    overrides = [*base, *SETTINGS[setting][1], f"method={method_name(method)}", f"seed={seed}"]
+    if model := pinned_model(method):
+        overrides += [f"model.name={model}", "model.per_client=[]"]
     return overrides
 
 
@@ -145,7 +159,7 @@ def aggregate(
                 "method": method,
                 "setting": setting,
                 "runs": len(done),
-                "model": REQUIRED_MODEL.get(method),
+                "model": pinned_model(method),
                 "seeds": [r.seed for r in done],
                 "failed_seeds": [
                     r.seed
@@ -201,15 +215,15 @@ def markdown_table(
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes = []
     for method in methods:
-        cells = [method + (" *" if method in REQUIRED_MODEL else "")]
+        model = pinned_model(method)
+        cells = [method + (" *" if model else "")]
         for setting in settings:
             cells += [_cell(by_key[(method, setting)], k) for k in METRICS]
         lines.append("| " + " | ".join(cells) + " |")
         if method in REQUIRED_MODEL:
-            notes.append(
-                f"\\* {method} needs model `{REQUIRED_MODEL[method]}` "
-                "and runs with it in every setting."
-            )
+            notes.append(f"\\* {method} needs model `{model}` and runs with it in every setting.")
+        elif model:
+            notes.append(f"\\* {method} runs model `{model}` in every setting.")
     if pooled is not None:
         lines.append(_pooled_line(pooled, settings))
         notes += _pooled_notes(pooled, settings)
@@ -300,7 +314,7 @@ def _parse_list(text: str, what: str) -> list[str]:
 def cmd_compare(args: argparse.Namespace) -> int:
     methods = algorithm_names() if args.methods == "all" else _parse_list(args.methods, "methods")
     for method in methods:
-        get_algorithm(method)  # ConfigError naming the known methods
+        get_algorithm(method_name(method))  # ConfigError naming the known methods
     try:
         seeds = [int(s) for s in _parse_list(args.seeds, "seeds")]
     except ValueError:
@@ -366,7 +380,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 "settings": {
                     s: {"title": SETTINGS[s][0], "overrides": SETTINGS[s][1]} for s in settings
                 },
-                "required_model": {m: REQUIRED_MODEL[m] for m in methods if m in REQUIRED_MODEL},
+                "required_model": {m: model for m in methods if (model := pinned_model(m))},
                 "rows": rows,
                 "pooled": pooled,
                 "pooled_runs": [

@@ -58,6 +58,16 @@ class DataConfig(_Table):
     window: int = Field(64, ge=1)
     stride: int | None = Field(None, ge=1)
     samples_per_client: int = Field(400, ge=10)
+    # synthetic CSI: the NIC every room records with, or "per-room" (one each)
+    device: Literal[
+        "per-room",
+        "intel5300",
+        "atheros-ht20",
+        "atheros-ht20-56",
+        "esp32",
+        "atheros-ht40",
+        "nexmon-vht80",
+    ] = "per-room"
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     # shards: a directory holding client-{id}/ shard directories
     path: str = ""
@@ -95,6 +105,8 @@ class ModelConfig(_Table):
 class TrainConfig(_Table):
     """Local training; defaults are the FedAPA paper's Section VI-D."""
 
+    # "adam" (momentum unused) lets a method be trained as FedAli's paper trains (Sec. 5.1)
+    optimizer: Literal["sgd", "adam"] = "sgd"
     lr: float = Field(0.01, gt=0)
     momentum: float = Field(0.5, ge=0, lt=1)
     weight_decay: float = Field(1e-5, ge=0)

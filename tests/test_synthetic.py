@@ -89,3 +89,29 @@ def test_small_class_counts_work() -> None:
 def test_bad_arguments(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         make_room_shard(0, **kwargs)  # type: ignore[arg-type]
+
+
+def test_one_device_for_every_room() -> None:
+    shards = [make_room_shard(c, seed=5, window=4, samples=10, device="esp32") for c in range(6)]
+    assert {s.meta["device"] for s in shards} == {"esp32"}
+    assert {s.x_train.shape[1:] for s in shards} == {(4, 64)}
+    # the rooms still differ in everything but the NIC
+    assert len({s.meta["room"] for s in shards}) == 6
+    per_room = make_room_shard(0, seed=5, window=4, samples=10)
+    assert room_profile(0, seed=5, device="esp32").size == room_profile(0, seed=5).size
+    assert per_room.meta["room"] == shards[0].meta["room"]
+
+
+def test_unknown_device_is_named() -> None:
+    with pytest.raises(ValueError, match="wifi7"):
+        room_profile(0, seed=0, device="wifi7")
+
+
+def test_config_offers_exactly_the_simulated_devices() -> None:
+    from typing import get_args
+
+    from mqttfl.config import DataConfig
+    from mqttfl.data.synthetic import DEVICES
+
+    choices = set(get_args(DataConfig.model_fields["device"].annotation))
+    assert choices == {"per-room", *(d.name for d in DEVICES)}

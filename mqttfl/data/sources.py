@@ -145,6 +145,7 @@ def _source_shard(
             samples=data.samples_per_client,
             num_classes=num_classes,
             test_fraction=data.test_fraction,
+            device=data.device,
         )
     if data.source == "shards":
         return load_shard(shard_directory(data, client_id))

@@ -34,6 +34,8 @@ def batches(
 
 
 def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
+    if train.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     return torch.optim.SGD(
         model.parameters(), lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay
     )

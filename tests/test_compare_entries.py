@@ -1,0 +1,50 @@
+"""`mqttfl compare` entries pinned to a model (METHOD@MODEL) and the Adam option of
+[train] they are compared with."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mqttfl.compare import markdown_table, method_name, pinned_model, run_overrides
+from mqttfl.config import TrainConfig, load_config
+from mqttfl.models import build_model
+from mqttfl.training.loops import make_optimizer
+
+
+def test_a_pinned_entry_runs_its_method_on_its_model_in_every_setting() -> None:
+    assert (method_name("fedavg@transformer"), pinned_model("fedavg@transformer")) == (
+        "fedavg",
+        "transformer",
+    )
+    assert pinned_model("fedali") == "transformer" and pinned_model("fedavg") is None
+    overrides = run_overrides(["rounds=2"], "model", "fedavg@transformer", 1)
+    config = load_config("configs/fedapa-csi.toml", overrides)
+    assert config.method == "fedavg" and config.seed == 1
+    assert config.model.name == "transformer" and config.model.per_client == []
+    plain = load_config("configs/fedapa-csi.toml", run_overrides([], "model", "fedavg", 0))
+    assert plain.model.per_client == ["tiny", "middle", "large"]
+
+
+def test_the_table_marks_a_pinned_entry() -> None:
+    rows = [
+        {
+            "method": m,
+            "setting": "data",
+            **{k: {"mean": 0.5, "std": 0.0} for k in ("accuracy", "f1", "mae", "kb")},
+        }
+        for m in ("fedavg", "fedavg@transformer")
+    ]
+    table = markdown_table(rows, ["fedavg", "fedavg@transformer"], ["data"], [0])
+    assert "| fedavg@transformer * |" in table and "| fedavg |" in table
+    assert "fedavg@transformer runs model `transformer` in every setting" in table
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_train_optimizer(name: str) -> None:
+    model = build_model("tiny", num_classes=3, embed_dim=8)
+    train = TrainConfig(optimizer=name, lr=0.003, weight_decay=0.0)  # type: ignore[arg-type]
+    optimizer = make_optimizer(model, train)
+    expected = torch.optim.Adam if name == "adam" else torch.optim.SGD
+    assert type(optimizer) is expected
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.003)
