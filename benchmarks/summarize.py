@@ -206,8 +206,33 @@ def accuracy(doc: dict[str, Any]) -> list[str]:
             "Table IV",
             "",
             data["tables"]["table_iv"],
+            *_fedali_curve(data),
         ]
     return lines
+
+
+def _fedali_curve(data: dict[str, Any]) -> list[str]:
+    """FedAli's learning curve beside FedAvg's on the same transformer (data setting)."""
+    curves: dict[str, dict[int, list[float]]] = {}
+    for run in data["runs"]:
+        if run["setting"] == "data" and run["method"] in ("fedali", "fedavg@transformer"):
+            for t, acc in run["curve"].items():
+                curves.setdefault(run["method"], {}).setdefault(int(t), []).append(acc)
+    if len(curves) < 2:
+        return []
+    rounds = sorted(set(curves["fedali"]) & set(curves["fedavg@transformer"]))
+    shown = [t for t in rounds if t in (1, 2, 3, 5) or t % 5 == 0]
+    lines = [
+        "FedAli's learning curve beside FedAvg's on the same transformer and local recipe "
+        "(mean client accuracy in %, mean over seeds)",
+        "",
+        "| method | " + " | ".join(f"round {t}" for t in shown) + " |",
+        "|---|" + "---|" * len(shown),
+    ]
+    for method, by_round in curves.items():
+        cells = " | ".join(f"{sum(by_round[t]) / len(by_round[t]) * 100:.1f}" for t in shown)
+        lines.append(f"| {method} | {cells} |")
+    return [*lines, ""]
 
 
 def scale(doc: dict[str, Any]) -> list[str]:

@@ -48,3 +48,20 @@ def test_train_optimizer(name: str) -> None:
     expected = torch.optim.Adam if name == "adam" else torch.optim.SGD
     assert type(optimizer) is expected
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.003)
+
+
+def test_fedavg_on_fedali_trains_with_fedalis_recipe() -> None:
+    from benchmarks.bench_accuracy import fedali_recipe
+
+    recipe = fedali_recipe("configs/fedapa-csi.toml", ["rounds=4"])
+    overrides = run_overrides(["rounds=4"], "data", "fedavg@transformer", 0) + recipe
+    config = load_config("configs/fedapa-csi.toml", overrides)
+    train = config.train
+    assert (config.method, config.model.name) == ("fedavg", "transformer")
+    assert (train.optimizer, train.lr, train.weight_decay) == ("adam", 3e-3, 0.0)  # local_lr
+    assert (train.local_epochs, train.batch_size) == (5, 64)  # FedAli Sec. 5.1
+    # a config without local_lr gets the paper's Adam 1e-4
+    digits = load_config(
+        "configs/digits-fedsap.toml", fedali_recipe("configs/digits-fedsap.toml", [])
+    )
+    assert digits.train.lr == 1e-4

@@ -31,7 +31,8 @@ depending on the room; a linear fit on window statistics lands within +-2 people
 What a client can gain from the other rooms (``benchmarks/bench_crossroom.py``,
 BENCHMARKS.md): nothing on average, as in the real recordings in ../shared/data (five
 ESPectre chips in one home, one Intel 5300 in May and August), where pooling the other
-clients' data costs a client 3.5 and 20 points.  The reason is the within-session test
+clients' data costs a client 3.5 points (ESPectre) and 20 (Intel 5300, mean of
+the two months).  The reason is the within-session test
 split every one of these datasets uses: a client's test windows come from the crowd
 layouts (sessions) it trained on, and a near-static seated crowd is a fingerprint a
 client learns from its own windows; other clients' sessions, even in the same room, are
