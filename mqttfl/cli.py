@@ -214,9 +214,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from mqttfl.runtime.launcher import LocalFederation, default_out_dir, format_table
 
     config = load_config(args.config, args.overrides)
-    from mqttfl.algorithms import make_context
+    from mqttfl.algorithms import check_models, make_context
 
     make_context(config)  # fail on a bad [method] table before starting anything
+    check_models(config)
     # Check --broker here, once, rather than in each of the children it is passed to.
     broker = _broker_url(args.broker) if args.broker else None
     out = make_dir(args.out or default_out_dir(config), what="--out")

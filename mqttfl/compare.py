@@ -44,7 +44,9 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
     "model": ("Model Architecture", ['model.per_client=["tiny", "middle", "large"]']),
 }
 #: methods that only run on one architecture; they use it in every setting
-REQUIRED_MODEL: dict[str, str] = {"fedali": "transformer"}
+REQUIRED_MODEL: dict[str, str] = {
+    name: model for name in algorithm_names() if (model := get_algorithm(name).required_model)
+}
 METRICS = ("accuracy", "f1", "mae", "kb")
 
 

@@ -85,6 +85,23 @@ def test_run_with_unknown_model_fails_at_once(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["method=fedali"], "config key 'model.name'"),
+        (["method=fedali", 'model.per_client=["transformer", "tiny"]'], "model.per_client"),
+    ],
+)
+def test_run_refuses_a_model_the_method_cannot_train_before_starting_anything(
+    tmp_path: Path, overrides: list[str], key: str
+) -> None:
+    out = tmp_path / "run"
+    sets = [a for o in overrides for a in ("--set", o)]
+    result = mqttfl("run", CONFIG, *sets, "--out", str(out), timeout=60)
+    assert_one_line(result, key, "fedali needs model 'transformer'")
+    assert not out.exists()  # no broker, no client was started
+
+
 def test_unwritable_out_for_run(blocked: Path) -> None:
     assert_one_line(mqttfl("run", CONFIG, "--out", str(blocked), timeout=60), str(blocked))
 

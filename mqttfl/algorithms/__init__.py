@@ -55,6 +55,23 @@ def make_context(config: Any) -> Context:
     )
 
 
+def check_models(config: Any) -> None:
+    """ConfigError naming ``model.name`` (or ``model.per_client``) when a client would be
+    given a model its method cannot train, before any process starts."""
+    required = get_algorithm(config.method).required_model
+    if required is None:
+        return
+    key = "model.per_client" if config.model.per_client else "model.name"
+    for client_id in range(config.federation.num_clients):
+        arch = config.model.arch_for(client_id)
+        if arch != required:
+            raise ConfigError(
+                key,
+                f"{config.method} needs model {required!r}, but client {client_id} would run "
+                f"{arch!r}; add --set model.name={required}",
+            )
+
+
 def _own_params(algorithm: Algorithm, params: dict[str, Any]) -> dict[str, Any]:
     """Drop keys that belong to another registered method, so one config can be run with
     ``--set method=fedavg``; a key no method knows still fails as unknown."""

@@ -175,6 +175,8 @@ class Algorithm:
     client: type[ClientSide]
     params: type[BaseModel] = NoParams
     summary: str = ""
+    #: the one model this method can train (FedAli's ALP layers), or None for any
+    required_model: str | None = None
 
     def upload_schema(self, ctx: Context, info: ClientInfo) -> PayloadSchema:
         schema = self.client.upload_schema(ctx, info)

@@ -265,5 +265,6 @@ ALGORITHMS = (
         FedAliClient,
         FedAliParams,
         summary="ALP layers: local/global prototypes, FedAvg + K-means (FedAli)",
+        required_model="transformer",
     ),
 )
