@@ -1,4 +1,4 @@
-"""Recipes chosen on validation: a small grid per shipped image config, never on test.
+"""Recipes chosen on validation: a small grid per shipped config, never on test.
 
 For each config, every (lr, local epochs) of the grid runs a real local federation
 (``mqttfl run``, one process per client) for Local, FedAvg and the config's own method
@@ -14,9 +14,11 @@ never used to choose.
     BENCH_RECIPES_ONLY=csi,espectre python -m benchmarks.tune_recipes   # a subset
     BENCH_RECIPES_PART=fedali python -m benchmarks.tune_recipes   # -> recipes-fedali.json
 
-FedAli trains with a recipe of its own (Adam, 5 local epochs, batch 64, FedAli Sec. 5.1),
-so its step, ``method.local_lr``, is searched apart (``FEDALI_LRS``, on the same
-validation split); the paper's 1e-4 belongs to 600 rounds from a pre-trained encoder.
+Two methods take a step of their own (``OWN_STEPS``), searched apart on the same
+validation split with ``BENCH_RECIPES_PART=fedali`` or ``fedpam``: FedAli trains with its
+paper's recipe (Adam, 5 local epochs, batch 64, FedAli Sec. 5.1), whose 1e-4 belongs to
+600 rounds from a pre-trained encoder (``method.local_lr``); FedPAM's λ-weighted
+contrastive term diverges at steps that plain cross-entropy takes (``method.pam_lr``).
 
 The image configs are tuned as shipped. The synthetic rooms are tuned at the size the
 accuracy benchmark runs them (20 rounds of 32-step windows, 160 samples per client,
@@ -52,7 +54,11 @@ GRID = {"train.lr": (0.01, 0.05, 0.1), "train.local_epochs": (1, 2)}
 SEARCHED = ("local", "fedavg")
 VALIDATION = "data.validation_fraction=0.2"
 METHOD_LR = {"fedpam": "method.pam_lr"}  # methods whose clients can take their own step
-FEDALI_LRS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
+# method -> (its step's key, the steps searched, overrides it needs)
+OWN_STEPS: dict[str, tuple[str, tuple[float, ...], list[str]]] = {
+    "fedali": ("method.local_lr", (1e-4, 3e-4, 1e-3, 3e-3, 1e-2), ["model.name=transformer"]),
+    "fedpam": ("method.pam_lr", (0.01, 0.05, 0.1), []),
+}
 
 
 def _run(config: str, name: str, overrides: list[str]) -> dict[str, Any]:
@@ -122,22 +128,23 @@ def tune(label: str, config: str, size: list[str], quick: bool) -> dict[str, Any
     }
 
 
-def tune_fedali(label: str, config: str, size: list[str], quick: bool) -> dict[str, Any]:
-    """FedAli's ``local_lr`` with the best mean validation accuracy over clients."""
-    lrs = FEDALI_LRS[:2] if quick else FEDALI_LRS
+def tune_own_step(
+    method: str, label: str, config: str, size: list[str], quick: bool
+) -> dict[str, Any]:
+    """The step of ``method`` (``OWN_STEPS``) with the best mean validation accuracy."""
+    key, steps, needs = OWN_STEPS[method]
     scores = {
         lr: _run(
             config,
-            f"{label}-fedali-{lr}",
-            [*size, "method=fedali", "model.name=transformer", VALIDATION, f"method.local_lr={lr}"],
+            f"{label}-{method}-{lr}",
+            [*size, f"method={method}", *needs, VALIDATION, f"{key}={lr}"],
         )
-        for lr in lrs
+        for lr in (steps[:2] if quick else steps)
     }
     chosen = max(scores, key=lambda lr: scores[lr]["accuracy"])
-    log(
-        f"{label} fedali: validation { ({lr: round(s['accuracy'], 4) for lr, s in scores.items()}) }; chose {chosen}"
-    )
-    return {"config": config, "size": size, "validation": scores, "chosen_local_lr": chosen}
+    figures = {lr: round(s["accuracy"], 4) for lr, s in scores.items()}
+    log(f"{label} {method}: validation {figures}; chose {key}={chosen}")
+    return {"config": config, "size": size, "key": key, "validation": scores, "chosen": chosen}
 
 
 def _config_method(config: str) -> str:
@@ -152,10 +159,14 @@ def run(quick: bool) -> dict[str, Any]:
     unknown = sorted(set(labels) - set(CONFIGS))
     if unknown:
         raise SystemExit(f"BENCH_RECIPES_ONLY: unknown {unknown}; choose from {list(CONFIGS)}")
-    search = tune_fedali if os.environ.get("BENCH_RECIPES_PART") == "fedali" else tune
-    return {label: search(label, *CONFIGS[label], quick) for label in labels}
+    part = os.environ.get("BENCH_RECIPES_PART")
+    if part is None:
+        return {label: tune(label, *CONFIGS[label], quick) for label in labels}
+    if part not in OWN_STEPS:
+        raise SystemExit(f"BENCH_RECIPES_PART: unknown {part!r}; choose from {list(OWN_STEPS)}")
+    return {label: tune_own_step(part, label, *CONFIGS[label], quick) for label in labels}
 
 
 if __name__ == "__main__":
-    part = "-fedali" if os.environ.get("BENCH_RECIPES_PART") == "fedali" else ""
-    bench_main(f"recipes{part}", __doc__.splitlines()[0], run)
+    part = os.environ.get("BENCH_RECIPES_PART")
+    bench_main(f"recipes-{part}" if part else "recipes", __doc__.splitlines()[0], run)

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from mqttfl.algorithms import algorithm_names, get_algorithm, make_context
+from mqttfl.algorithms import algorithm_names, get_algorithm, make_context, own_params
 from mqttfl.config import load_config
 from mqttfl.errors import MqttflError
 from mqttfl.logs import configure_logging, get_logger
@@ -107,9 +107,25 @@ def finished_summary(out: Path, config: Any) -> dict[str, Any] | None:
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    if summary.get("config") != config.recorded():
+    recorded = summary.get("config")
+    if not isinstance(recorded, dict) or _run_identity(recorded) != _run_identity(
+        config.recorded()
+    ):
         return None
     return summary
+
+
+def _run_identity(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config without the ``[method]`` keys of other methods: one config file
+    serves every method of a compare, and a step added for FedPAM changes no FedAPA run."""
+    method_params = recorded.get("method_params")
+    if not isinstance(method_params, dict):
+        return recorded
+    try:
+        own = own_params(str(recorded.get("method")), method_params)
+    except MqttflError:  # an unknown method: compare as recorded
+        return recorded
+    return {**recorded, "method_params": own}
 
 
 def run_one(

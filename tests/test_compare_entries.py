@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -60,8 +63,28 @@ def test_fedavg_on_fedali_trains_with_fedalis_recipe() -> None:
     assert (config.method, config.model.name) == ("fedavg", "transformer")
     assert (train.optimizer, train.lr, train.weight_decay) == ("adam", 3e-3, 0.0)  # local_lr
     assert (train.local_epochs, train.batch_size) == (5, 64)  # FedAli Sec. 5.1
-    # a config without local_lr gets the paper's Adam 1e-4
+    # each config's FedAli step is FedAvg's too (digits chose 3e-3 on validation); without
+    # one it is the paper's Adam 1e-4
     digits = load_config(
         "configs/digits-fedsap.toml", fedali_recipe("configs/digits-fedsap.toml", [])
     )
-    assert digits.train.lr == 1e-4
+    assert digits.train.lr == 3e-3
+    paper = fedali_recipe("configs/digits-fedsap.toml", ["method.local_lr=1e-4"])
+    assert "train.lr=0.0001" in paper
+
+
+def test_a_finished_run_is_reused_whatever_other_methods_keys_the_config_gains(
+    tmp_path: Path,
+) -> None:
+    """--resume: a step added for FedPAM changes no FedAPA run; FedAPA's own keys do."""
+    from mqttfl.compare import finished_summary
+
+    ran = load_config("configs/fedapa-csi.toml", ["method=fedapa"])
+    (tmp_path / "summary.json").write_text(json.dumps({"config": ran.recorded()}))
+    for other in ("method.pam_lr=0.05", "method.local_lr=0.1", "method.sap_lambda_max=0.5"):
+        with_other = load_config("configs/fedapa-csi.toml", ["method=fedapa", other])
+        assert with_other.recorded() != ran.recorded()
+        assert finished_summary(tmp_path, with_other) is not None, other
+    own = load_config("configs/fedapa-csi.toml", ["method=fedapa", "method.tau=0.25"])
+    assert finished_summary(tmp_path, own) is None
+    assert finished_summary(tmp_path, ran.model_copy(update={"rounds": 3})) is None

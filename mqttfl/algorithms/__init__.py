@@ -72,6 +72,11 @@ def check_models(config: Any) -> None:
             )
 
 
+def own_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The entries of a ``[method]`` table that ``method`` reads (see :func:`_own_params`)."""
+    return _own_params(get_algorithm(method), params)
+
+
 def _own_params(algorithm: Algorithm, params: dict[str, Any]) -> dict[str, Any]:
     """Drop keys that belong to another registered method, so one config can be run with
     ``--set method=fedavg``; a key no method knows still fails as unknown."""
