@@ -21,11 +21,12 @@ the same model and budget, so the two rows differ only in FedAli's layer and pro
 Table III's rows are every method but the two Table IV ablations, then the pooled
 (centralized) reference of :mod:`mqttfl.pooled` (absent where the clients' samples differ
 in shape or architecture, with the reason under the table); Table IV is the ablations and
-FedAPA. Sizes: the full size (3 seeds, 20 rounds, reduced CSI windows)
-took 54 minutes on this 2-core machine (the JSON records the time
-it took); ``--quick`` (1 seed, 3 rounds, tiny shards) is a smoke check of the whole path.
+FedAPA. Sizes: the full size (3 seeds, 20 rounds, reduced CSI windows) takes about
+1 h 40 min on this 2-core machine (csi 33 min, MNIST the longest); a run finished with
+the same config is reused, so ``--datasets`` can spread it over several sittings.
+``--quick`` (1 seed, 3 rounds, tiny shards) is a smoke check of the whole path.
 
-    python -m benchmarks.bench_accuracy [--quick] [--datasets csi,espectre,digits]
+    python -m benchmarks.bench_accuracy [--quick] [--datasets csi,espectre,digits] [--seeds 0,1]
 """
 
 from __future__ import annotations
@@ -193,11 +194,13 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
     }
 
 
-def run(quick: bool, datasets: list[str] | None = None) -> dict[str, Any]:
+def run(
+    quick: bool, datasets: list[str] | None = None, seeds: list[int] | None = None
+) -> dict[str, Any]:
     from mqttfl.algorithms import algorithm_names
 
     methods = [*algorithm_names(), FEDAVG_ON_FEDALI]
-    seeds = [0] if quick else [0, 1, 2]
+    seeds = seeds or ([0] if quick else [0, 1, 2])
     began = time.monotonic()
     out: dict[str, Any] = {}
     for name in datasets or list(DATASETS):
@@ -238,10 +241,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="accuracy benchmark (Tables III and IV)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--datasets", help=f"comma-separated subset of {', '.join(DATASETS)}")
+    # Every method's seed 0 first, then 0-1, ...: finished runs are reused, so a sitting
+    # cut short still leaves each method with the same seeds.
+    parser.add_argument("--seeds", help="comma-separated seeds (default 0,1,2; --quick 0)")
     args = parser.parse_args()
     os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
     datasets = args.datasets.split(",") if args.datasets else None
-    result = run(args.quick, datasets)
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
+    result = run(args.quick, datasets, seeds)
     path = write_result(
         "accuracy",
         result,

@@ -198,7 +198,8 @@ def accuracy(doc: dict[str, Any]) -> list[str]:
             lines += [f"#### {name}: skipped ({data['skipped']})", ""]
             continue
         lines += [
-            f"#### {name} ({data['config']}, {' '.join(data['overrides'])})",
+            f"#### {name} ({data['config']}, seeds {data.get('seeds', doc['seeds'])}, "
+            f"{' '.join(data['overrides'])})",
             "",
             "Table III",
             "",

@@ -83,7 +83,9 @@ def test_a_signal_tears_everything_down(tmp_path: Path, signum: int, code: int) 
             "configs/fedapa-csi.toml",
             "--out",
             str(out),
-            *_sets(SMALL),
+            # rounds of this size take ~70 ms: enough of them that the run is still going
+            # when the signal comes, however long the checks below take
+            *_sets([*SMALL, "rounds=100000"]),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
