@@ -96,6 +96,7 @@ class ClientSide(ABC):
     """
 
     value_bound: float = WEIGHT_BOUND  # the largest magnitude an upload may carry
+    max_grad_norm: float | None = None  # clip each local step's gradient to this norm
 
     def __init__(
         self,
@@ -128,6 +129,7 @@ class ClientSide(ABC):
             epochs=self.train_config.local_epochs,
             batch_size=self.train_config.batch_size,
             rng=rng,
+            max_grad_norm=self.max_grad_norm,
         )
 
     @classmethod

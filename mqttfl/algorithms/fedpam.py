@@ -42,6 +42,10 @@ class FedPAMParams(BaseModel):
     # The clients' SGD step, when FedPAM needs another than [train] lr: its λ-weighted
     # contrastive term diverges at steps plain cross-entropy takes (MNIST: lr 0.05).
     pam_lr: float | None = Field(None, gt=0)
+    # Clip each local step's gradient to this ℓ2 norm (None: no clipping). Eq. 3.3's
+    # cosine similarity differentiates through z/‖z‖, whose gradient grows as 1/‖z‖: a
+    # ReLU embedding near zero, times λ=30, can throw one step far enough to diverge.
+    pam_max_grad_norm: float | None = Field(None, gt=0)
 
 
 def adjusted_head(weight: Tensor, pam: Tensor) -> Tensor:
@@ -72,6 +76,7 @@ class FedPAMClient(FedAvgClient):
         if self.ctx.params.pam_lr is not None:
             for group in self.optimizer.param_groups:
                 group["lr"] = self.ctx.params.pam_lr
+        self.max_grad_norm = self.ctx.params.pam_max_grad_norm
 
     def loss(
         self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor

@@ -124,6 +124,7 @@ class ClientRunner:
         # one sent early (forged, for a round still open or not yet announced) never is.
         self.closed_round = 0
         self.training_round = 0
+        self.refused_round = 0  # trained, but its upload failed the schema: not retrained
         self.last_upload: SentUpload | None = None
         self.last_loss = 0.0
         self.finish_seen = False
@@ -328,7 +329,7 @@ class ClientRunner:
 
     async def _train_round(self, start: RoundStart, received: float) -> None:
         t = start.round
-        if t <= self.progress.trained_round or t == self.training_round:
+        if t <= self.progress.trained_round or t in (self.training_round, self.refused_round):
             return
         log = self.log.bind(round=t)
         if time.monotonic() > received + start.timeout_s:
@@ -336,6 +337,7 @@ class ClientRunner:
             return
         began = time.monotonic()
         self.training_round = t
+        before = StateFile.snapshot(self.model, self.method, self.progress)
         try:
             log.info("training.started", selected=len(start.selected))
             rng = round_rng(self.config.seed, self.info, t)
@@ -344,7 +346,21 @@ class ClientRunner:
             body = await self._off_loop(self.method.make_upload, t)
         finally:
             self.training_round = 0
-        self.schema.validate(body)  # refuse to publish anything the method does not permit
+        try:  # refuse to publish anything the method does not permit
+            self.schema.validate(body)
+        except WireError as exc:
+            # Diverged training (weights past the method's bound): this round's update is
+            # dropped, so the next round starts from the model, optimizer and method state
+            # it had, not from the diverged ones; the round goes on without this client.
+            StateFile.restore(before, self.model, self.method, self.progress)
+            self.refused_round = t
+            log.warning(
+                "upload.refused",
+                reason=exc.reason,
+                detail=exc.detail,
+                train_loss=round(float(loss), 4),
+            )
+            return
         payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
         await self.bus.publish(self.topics.up(t, self.client_id), payload)
         self.last_upload = SentUpload(t, start.announcement, payload, time.monotonic())

@@ -27,13 +27,19 @@ class StateFile:
     def load(self, model: torch.nn.Module, method: ClientSide, progress: Progress) -> bool:
         if not self.path.exists():
             return False
-        state = torch.load(self.path, weights_only=True)
+        self.restore(torch.load(self.path, weights_only=True), model, method, progress)
+        return True
+
+    @staticmethod
+    def restore(
+        state: dict[str, Any], model: torch.nn.Module, method: ClientSide, progress: Progress
+    ) -> None:
+        """Put back what :meth:`snapshot` took (or a state file held)."""
         model.load_state_dict(state["model"])
         method.optimizer.load_state_dict(state["optimizer"])
         method.load_state_dict({k: v.numpy() for k, v in state["method"].items()})
         progress.trained_round = int(state["trained_round"])
         progress.applied_round = int(state["applied_round"])
-        return True
 
     @staticmethod
     def snapshot(model: torch.nn.Module, method: ClientSide, progress: Progress) -> dict[str, Any]:

@@ -51,8 +51,10 @@ def train_epochs(
     epochs: int,
     batch_size: int,
     rng: np.random.Generator,
+    max_grad_norm: float | None = None,
 ) -> float:
-    """Run SGD epochs; return the mean loss of the last epoch."""
+    """Run SGD epochs; return the mean loss of the last epoch. ``max_grad_norm`` clips
+    each step's gradient to that global ℓ2 norm (``torch.nn.utils.clip_grad_norm_``)."""
     model.train()
     mean = 0.0
     for _ in range(epochs):
@@ -64,6 +66,9 @@ def train_epochs(
             loss = loss_fn(logits, embedding, yb)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if max_grad_norm is not None:
+                params = [p for group in optimizer.param_groups for p in group["params"]]
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
             optimizer.step()
             total += float(loss.detach()) * len(yb)
             count += len(yb)

@@ -1,0 +1,55 @@
+"""A client whose local training diverges refuses its own upload and the run goes on.
+
+Its weights leave the method's bound (or turn non-finite): the client's schema check
+refuses to publish them, logs ``upload.refused`` with the reason, rolls back to the state
+it had before the round (so the next round does not start from the diverged model) and
+does not train that round again when the start is repeated. The coordinator closes each
+round without it at the deadline, and every process exits 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from faults import Federation
+
+from mqttfl.runtime.broker import LocalBroker
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_diverging_client_refuses_its_upload_and_the_run_completes(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    rounds = 2
+    with Federation(
+        tmp_path,
+        broker,
+        clients=3,
+        rounds=rounds,
+        overrides=["method=fedavg", "federation.round_timeout_s=6", "federation.min_clients=2"],
+        client_overrides={"2": ["train.lr=1e12"]},  # one step past any bound
+    ) as fed:
+        fed.start()
+        summary = fed.finish(timeout=120)
+
+    refused = fed.events("2", "upload.refused")
+    assert [e["round"] for e in refused] == list(range(1, rounds + 1))  # once per round
+    assert all(e["reason"] in ("range", "non_finite") for e in refused), refused
+    assert not fed.events("2", "upload.sent")
+    assert not fed.events("2", "message.failed")  # refused on purpose, not an error
+    for t in range(1, rounds + 1):
+        (closed,) = fed.closed_rounds()[t]
+        assert closed["missing"] == ["2"], closed
+        assert closed["uploads"] == 2
+    for healthy in ("0", "1"):
+        assert len(fed.events(healthy, "upload.sent")) == rounds
+    assert summary["rounds_completed"] == rounds
+    # Rolled back each time: no diverged SGD step left a momentum buffer behind.
+    state = torch.load(fed.state_dir / "client-2.pt", weights_only=True)
+    assert state["optimizer"]["state"] == {}
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    healthy = torch.load(fed.state_dir / "client-0.pt", weights_only=True)
+    assert healthy["optimizer"]["state"]  # the check above can see a step
