@@ -12,6 +12,7 @@ from inprocess import Federation
 
 from mqttfl.algorithms.fedpam import FedPAMClient, adjusted_head, personalized_contrastive_loss
 from mqttfl.algorithms.weights import flatten_weights
+from mqttfl.training.loops import train_epochs
 
 
 def test_adjusted_head_eq_3_1() -> None:
@@ -86,3 +87,51 @@ def test_pam_lr_sets_the_step_of_every_fedpam_parameter_group() -> None:
     assert len(steps) == 1 and 0.003 not in steps  # [train] lr for the model and P_k
     client = Federation("fedpam", clients=1, rounds=1, pam_lr=0.003).clients[0]
     assert [g["lr"] for g in client.optimizer.param_groups] == [0.003, 0.003]
+
+
+def test_pam_max_grad_norm_clips_every_local_step() -> None:
+    assert Federation("fedpam", clients=1, rounds=1).clients[0].max_grad_norm is None
+    client = Federation("fedpam", clients=1, rounds=1, pam_max_grad_norm=0.25).clients[0]
+    assert client.max_grad_norm == 0.25
+
+
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_train_epochs_steps_by_the_clipped_gradient(clip: float | None) -> None:
+    # One plain SGD step (lr 1, no momentum, no decay) on one batch moves the parameters
+    # by exactly the gradient: its full norm unclipped, at most ``clip`` when clipped.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    params = list(model.parameters())
+    before = torch.cat([p.detach().flatten().clone() for p in params])
+    x = np.array([[10.0, -20.0, 30.0], [5.0, 5.0, -5.0]], np.float32)
+    y = np.array([0, 1])
+
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = model
+
+        def forward(self, xb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            out = self.linear(xb)
+            return out, out
+
+    head = Head()
+    loss_fn = lambda logits, z, yb: (logits**2).sum()  # noqa: E731 - gradient norm ≫ 0.5
+    optimizer = torch.optim.SGD(head.parameters(), lr=1.0)
+    logits, _ = head(torch.from_numpy(x))
+    grads = torch.autograd.grad(loss_fn(logits, None, None), params)
+    full = float(torch.cat([g.flatten() for g in grads]).norm())
+    train_epochs(
+        head,
+        optimizer,
+        x,
+        y,
+        loss_fn,
+        epochs=1,
+        batch_size=2,
+        rng=np.random.default_rng(0),
+        max_grad_norm=clip,
+    )
+    moved = float((torch.cat([p.detach().flatten() for p in params]) - before).norm())
+    assert full > 10
+    assert moved == pytest.approx(full if clip is None else clip, rel=1e-4)
