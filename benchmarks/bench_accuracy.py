@@ -22,7 +22,7 @@ Table III's rows are every method but the two Table IV ablations, then the poole
 (centralized) reference of :mod:`mqttfl.pooled` (absent where the clients' samples differ
 in shape or architecture, with the reason under the table); Table IV is the ablations and
 FedAPA. Sizes: the full size (3 seeds, 20 rounds, reduced CSI windows) takes about
-1 h 40 min on this 2-core machine (csi 33 min, MNIST the longest); a run finished with
+2 h 15 min on this 2-core machine (MNIST 75 min, csi 33); a run finished with
 the same config is reused, so ``--datasets`` can spread it over several sittings.
 ``--quick`` (1 seed, 3 rounds, tiny shards) is a smoke check of the whole path.
 

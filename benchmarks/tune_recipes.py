@@ -61,10 +61,11 @@ OWN_STEPS: dict[str, tuple[str, tuple[float, ...], list[str]]] = {
     "fedali": ("method.local_lr", (1e-4, 3e-4, 1e-3, 3e-3, 1e-2), ["model.name=transformer"]),
     "fedpam": ("method.pam_lr", (0.01, 0.05, 0.1), []),
 }
-# part -> (method, key, values; None leaves the key unset): settings whose failure is
+# part -> (method, key, values; None: the config as shipped): settings whose failure is
 # rare and seed-dependent (one diverged client in one round), so every value runs SEEDS.
 STABILITY: dict[str, tuple[str, str, tuple[float | None, ...]]] = {
     "fedpam-clip": ("fedpam", "method.pam_max_grad_norm", (None, 10.0, 1.0)),
+    "fedpam-lr": ("fedpam", "method.pam_lr", (None, 0.005, 0.0025)),
 }
 SEEDS = (0, 1, 2)
 
@@ -173,7 +174,9 @@ def tune_stability(
         runs = [
             _run(
                 config,
-                f"{label}-{method}-{key.rsplit('.', 1)[-1]}-{value}-seed-{seed}",
+                f"{label}-{method}-"
+                + ("as-shipped" if value is None else f"{key}-{value}")
+                + f"-seed-{seed}",
                 [*size, f"method={method}", VALIDATION, f"seed={seed}", *setting],
             )
             for seed in seeds
