@@ -42,9 +42,9 @@ class FedPAMParams(BaseModel):
     # The clients' SGD step, when FedPAM needs another than [train] lr: its λ-weighted
     # contrastive term diverges at steps plain cross-entropy takes (MNIST: lr 0.05).
     pam_lr: float | None = Field(None, gt=0)
-    # Clip each local step's gradient to this ℓ2 norm (None: no clipping). Eq. 3.3's
-    # cosine similarity differentiates through z/‖z‖, whose gradient grows as 1/‖z‖: a
-    # ReLU embedding near zero, times λ=30, can throw one step far enough to diverge.
+    # Clip each local step's gradient to this ℓ2 norm (None: no clipping). Off by default:
+    # on MNIST's validation split (seeds 0-2) clipping to 10 or 1 cost 9 and 79 points,
+    # since with λ=30 most of the gradient is the contrastive term's and clipping starves CE.
     pam_max_grad_norm: float | None = Field(None, gt=0)
 
 
