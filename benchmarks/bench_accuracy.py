@@ -102,7 +102,8 @@ def espectre_missing() -> str | None:
 
 
 def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) -> dict[str, Any]:
-    from mqttfl import compare
+    from mqttfl import compare_entries as entries
+    from mqttfl import compare_report as report
     from mqttfl.config import load_config
     from mqttfl.pooled import PooledRun, run_pooled
 
@@ -114,17 +115,17 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
     recipe = fedali_recipe(config, base)
     for index, (setting, method, seed) in enumerate(plan, start=1):
         out = WORK / "accuracy" / name / setting / method / f"seed-{seed}"
-        overrides = compare.run_overrides(base, setting, method, seed)
+        overrides = entries.run_overrides(base, setting, method, seed)
         if method == FEDAVG_ON_FEDALI:
             overrides += recipe
         # A run that finished with this exact config is reused (an interrupted benchmark
         # picks up where it stopped); anything else there would be resumed from an old
         # checkpoint by the coordinator, so it goes.
-        if out.exists() and compare.finished_summary(out, load_config(config, overrides)) is None:
+        if out.exists() and entries.finished_summary(out, load_config(config, overrides)) is None:
             shutil.rmtree(out)
         t0 = time.monotonic()
-        result = compare.run_one(
-            config, overrides, compare.RunResult(setting, method, seed, out), resume=True
+        result = entries.run_one(
+            config, overrides, entries.RunResult(setting, method, seed, out), resume=True
         )
         results.append(result)
         status = result.error or f"acc {result.metrics['accuracy']:.4f}"
@@ -137,7 +138,7 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
         for seed in seeds:
             pooled_run = run_pooled(
                 config,
-                compare.pooled_overrides(base, setting, seed),
+                entries.pooled_overrides(base, setting, seed),
                 PooledRun(
                     setting, seed, WORK / "accuracy" / name / setting / "pooled" / f"seed-{seed}"
                 ),
@@ -146,16 +147,16 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
             pooled_runs.append(pooled_run)
             status = pooled_run.absent or f"acc {pooled_run.metrics['accuracy']:.4f}"
             log(f"accuracy {name} pooled {setting} seed {seed}: {status}")
-    rows = compare.aggregate(results, methods, settings)
-    pooled = compare.aggregate_pooled(pooled_runs, settings)
+    rows = report.aggregate(results, methods, settings)
+    pooled = report.aggregate_pooled(pooled_runs, settings)
     table_iii = [m for m in methods if m not in TABLE_IV[:2]]
     table_iv = [m for m in TABLE_IV if m in methods]
     tables = {
-        "table_iii": compare.markdown_table(rows, table_iii, settings, seeds, pooled),
-        "table_iv": compare.markdown_table(rows, table_iv, settings, seeds),
+        "table_iii": report.markdown_table(rows, table_iii, settings, seeds, pooled),
+        "table_iv": report.markdown_table(rows, table_iv, settings, seeds),
     }
     plot = RESULTS / f"accuracy-{name}{'-quick' if quick else ''}.png"
-    compare.plot_convergence(results, methods, settings, plot, pooled)
+    report.plot_convergence(results, methods, settings, plot, pooled)
     return {
         "config": config,
         "settings": settings,

@@ -20,6 +20,10 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
+from mqttfl.algorithms import get_algorithm
+from mqttfl.algorithms.base import ClientInfo, Context
+from mqttfl.algorithms.fedapa import FedAPAParams
+from mqttfl.runtime.gate import UploadGate
 from mqttfl.wire import Message, encode
 from mqttfl.wire.codec import ARRAY_EXT
 
@@ -298,3 +302,25 @@ def CONTROL_CATALOGUE(scene: Scene) -> list[tuple[str, bytes, str]]:  # noqa: N8
         ("round/1/metrics/0", encode(Message("metrics", scene.run_id, 1, "1", metrics)), "sender"),
         ("round/x/up/0", scene.valid(), "topic"),
     ]
+
+
+# --- the scene of the in-process tests (test_hostile_live.py, test_hostile_fuzz.py) -----------
+CTX = Context(num_classes=21, embed_dim=8, rounds=5, seed=0, params=FedAPAParams())
+SCENE = Scene(
+    run_id="run",
+    round=3,
+    victim="v",
+    unselected="u",
+    ghost="g",
+    num_classes=21,
+    embed_dim=8,
+    max_upload_bytes=100_000,
+)
+INFO = {c: ClientInfo(c, "tiny", (0, 1, 2), 40, (24, 52)) for c in ("v", "u", "x")}
+
+
+def fresh_gate() -> UploadGate:
+    """FedAPA's gate with SCENE's round open for the victim and one other client."""
+    gate = UploadGate(get_algorithm("fedapa"), CTX, "run", max_bytes=SCENE.max_upload_bytes)
+    gate.open_round(SCENE.round, ["v", "x"], keep=False)
+    return gate

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from helpers import FAST, mqttfl
 
-from mqttfl.compare import finished_summary, run_overrides
+from mqttfl.compare_entries import finished_summary, run_overrides
 from mqttfl.config import load_config
 
 pytestmark = pytest.mark.slow

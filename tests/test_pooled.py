@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mqttfl.compare import aggregate_pooled, markdown_table, pooled_overrides
+from mqttfl.compare_entries import pooled_overrides
+from mqttfl.compare_report import aggregate_pooled, markdown_table
 from mqttfl.config import TrainConfig, load_config
 from mqttfl.data.shard import Shard
 from mqttfl.models import build_model
