@@ -1,7 +1,7 @@
 """Accuracy: FedAPA Table III and Table IV equivalents, 3 seeds, mean ± std, last 5 rounds.
 
 Every registered method (``algorithm_names()``) runs as a real local federation through
-``mqttfl compare``'s machinery (:mod:`mqttfl.compare`: one run directory per setting,
+``mqttfl compare``'s machinery (:mod:`mqttfl.evaluation.compare`: one run directory per setting,
 method and seed; each run's metrics are the mean over clients of their last five
 rounds). Datasets and settings:
 
@@ -19,7 +19,7 @@ with FedAli's local recipe (Adam, its ``local_lr``, no weight decay, 5 epochs, b
 the same model and budget, so the two rows differ only in FedAli's layer and prototypes.
 
 Table III's rows are every method but the two Table IV ablations, then the pooled
-(centralized) reference of :mod:`mqttfl.pooled` (absent where the clients' samples differ
+(centralized) reference of :mod:`mqttfl.evaluation.pooled` (absent where the clients' samples differ
 in shape or architecture, with the reason under the table); Table IV is the ablations and
 FedAPA. Sizes: the full size (3 seeds, 20 rounds, reduced CSI windows) takes about
 2 h 15 min on this 2-core machine (MNIST 75 min, csi 33); a run finished with
@@ -105,7 +105,7 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
     from mqttfl import compare_entries as entries
     from mqttfl import compare_report as report
     from mqttfl.config import load_config
-    from mqttfl.pooled import PooledRun, run_pooled
+    from mqttfl.evaluation.pooled import PooledRun, run_pooled
 
     config, settings, full, small = DATASETS[name]
     base = [*COMMON, *(small if quick else full)]

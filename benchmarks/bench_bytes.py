@@ -39,7 +39,7 @@ PAPER_KB = {"fedavg": 3710.0, "fedcaring": 3710.0, "wifed": 3710.0, "fedapa": 15
 
 def _required_model() -> dict[str, str]:
     try:
-        from mqttfl.compare_entries import REQUIRED_MODEL
+        from mqttfl.evaluation.compare_entries import REQUIRED_MODEL
     except ImportError:
         return {}
     return dict(REQUIRED_MODEL)

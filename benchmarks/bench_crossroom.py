@@ -5,7 +5,7 @@ method. This study measures it with no method in the way, per client:
 
 - ``local``: a model trained on the client's own training split only;
 - ``pooled``: one model trained on the union of every client's training split
-  (:mod:`mqttfl.pooled`; absent where the clients' samples differ in shape);
+  (:mod:`mqttfl.evaluation.pooled`; absent where the clients' samples differ in shape);
 - ``fedavg_ft``: FedAvg, then fine-tuning the global model on the own split (the
   ``wifed`` method: FedAvg-then-fine-tune, so it also works across input shapes).
 
@@ -137,7 +137,7 @@ def federate(config: RunConfig, shards: dict[str, Shard], method: str) -> dict[s
 
     from mqttfl.algorithms import get_algorithm, make_context
     from mqttfl.algorithms.base import Upload
-    from mqttfl.runtime.device import build_client_side, round_rng
+    from mqttfl.nodes.device import build_client_side, round_rng
     from mqttfl.training.metrics import classification_report
 
     config = config.model_copy(update={"method": method})
@@ -173,7 +173,7 @@ def study(config: RunConfig, shards: dict[str, Shard]) -> dict[str, Any]:
     """Local, Pooled and FedAvg-then-fine-tune accuracy per client for one seed."""
     import torch
 
-    from mqttfl.pooled import pooled_reference
+    from mqttfl.evaluation.pooled import pooled_reference
 
     row: dict[str, Any] = {}
     for name, method in (("local", "local"), ("fedavg_ft", "wifed")):
@@ -218,7 +218,7 @@ def summarize(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run(quick: bool) -> dict[str, Any]:
     from mqttfl.config import load_config
-    from mqttfl.pooled import client_shards
+    from mqttfl.evaluation.pooled import client_shards
 
     sizes = QUICK if quick else FULL
     only = [n for n in os.environ.get("BENCH_CROSSROOM_ONLY", "").split(",") if n]

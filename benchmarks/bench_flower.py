@@ -91,13 +91,13 @@ def run_mqttfl(rounds: int, index: int) -> dict[str, Any]:
 
 
 def _free_port() -> int:
-    from mqttfl.runtime.broker import free_port
+    from mqttfl.provisioning.local_broker import free_port
 
     return free_port()
 
 
 def run_flower(rounds: int, index: int) -> dict[str, Any]:
-    from mqttfl.runtime.broker import _port_open
+    from mqttfl.provisioning.local_broker import _port_open
 
     work = WORK / f"peer-flower-{index}"
     if work.exists():

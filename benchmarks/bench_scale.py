@@ -13,7 +13,7 @@ Three parts, one run, one JSON (benchmarks/results/scale.json) and one plot
   Weight methods reuse six bodies across the N uploads (their size does not depend on N,
   and 1000 LargeConvNet4 copies would need 3.7 GB).
 - ``rounds``: FedAPA (bounded) rounds of the real coordinator against N = 100 and 1000
-  load clients (:mod:`mqttfl.runtime.loadclient`, one process, every subscription a real
+  load clients (:mod:`mqttfl.testing.loadclient`, one process, every subscription a real
   client has, every downlink decoded and validated). Goals: at N=1000 every client holds
   its complete downlink within 2 s of the last upload; at N=100 the coordinator adds at
   most 20 ms (last upload accepted -> downlinks acknowledged by the broker).
@@ -258,8 +258,8 @@ def startup(quick: bool) -> dict[str, Any]:
                 ],
                 repeats,
             ),
-            "import mqttfl.runtime.coordinator": _time_command(
-                [sys.executable, "-c", "import mqttfl.runtime.coordinator"], repeats
+            "import mqttfl.nodes.coordinator": _time_command(
+                [sys.executable, "-c", "import mqttfl.nodes.coordinator"], repeats
             ),
         }
     worst = max(v["median"] for k, v in rows.items() if k.startswith(("mqttfl", "import")))

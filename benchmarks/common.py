@@ -56,7 +56,7 @@ def _mosquitto_version() -> str | None:
     import subprocess
 
     try:
-        from mqttfl.runtime.broker import mosquitto_binary
+        from mqttfl.provisioning.local_broker import mosquitto_binary
 
         out = subprocess.run([mosquitto_binary(), "-h"], capture_output=True, text=True, timeout=5)
     except Exception:  # noqa: BLE001 - informational only

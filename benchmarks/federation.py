@@ -4,7 +4,7 @@
 :class:`Sniffer` (an extra MQTT subscriber that sizes every upload and downlink as it
 crossed the broker) and a :class:`CountingProxy` between the client processes and the
 broker (every byte each client sent and received, MQTT framing included), then runs
-:class:`mqttfl.runtime.launcher.LocalFederation` (coordinator + one OS process per
+:class:`mqttfl.launch.local.LocalFederation` (coordinator + one OS process per
 client) to the end. One federation at a time.
 """
 
@@ -176,7 +176,7 @@ def run_federation(
     """Run one whole local federation (`mqttfl run` in-process) and return its outputs."""
     from mqttfl.config import load_config
     from mqttfl.logs import configure_logging
-    from mqttfl.runtime.broker import LocalBroker
+    from mqttfl.provisioning.local_broker import LocalBroker
 
     if out.exists():
         shutil.rmtree(out)
@@ -221,7 +221,7 @@ def run_federation(
 
 
 def _federation_class() -> type:
-    from mqttfl.runtime.launcher import LocalFederation
+    from mqttfl.launch.local import LocalFederation
 
     class Federation(LocalFederation):  # type: ignore[misc]
         """Clients may reach the broker through another URL (the counting proxy)."""

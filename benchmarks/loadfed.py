@@ -1,8 +1,8 @@
 """The real coordinator under a torch-free load: the harness of the fan-in and overhead benchmarks.
 
-One process (this one) runs :class:`mqttfl.runtime.coordinator.Coordinator` with FedAPA
+One process (this one) runs :class:`mqttfl.nodes.coordinator.Coordinator` with FedAPA
 (C=21, d=256), logging to a JSON file at debug level exactly as ``mqttfl coordinator``
-does; a second process runs the load client :mod:`mqttfl.runtime.loadclient` with N
+does; a second process runs the load client :mod:`mqttfl.testing.loadclient` with N
 sessions, each subscribed to everything a real client subscribes to; a throwaway
 Mosquitto sits between them on 127.0.0.1. The coordinator is instrumented from outside
 (a subclass that only records ``time.monotonic()``; Linux's monotonic clock is shared by
@@ -34,13 +34,13 @@ from benchmarks.common import REPO, WORK, log
 
 CLASSES, DIM = 21, 256  # the default job: 21 crowd-count classes, d=256
 
-LOADCLIENT = [sys.executable, "-m", "mqttfl.runtime.loadclient"]
+LOADCLIENT = [sys.executable, "-m", "mqttfl.testing.loadclient"]
 
 
 def _start_load(
     broker_url: str, overrides: list[str], n: int, classes_each: int, out: Path, log_file: Path
 ) -> subprocess.Popen[bytes]:
-    """The real load client (mqttfl.runtime.loadclient): N sessions, each subscribed to
+    """The real load client (mqttfl.testing.loadclient): N sessions, each subscribed to
     everything a real client subscribes to; it exits when the run says 'finished'."""
     cmd = [
         *LOADCLIENT,
@@ -76,7 +76,7 @@ def _finish(process: subprocess.Popen[bytes], out: Path, timeout: float) -> dict
 
 
 def _make_timed_coordinator(config: Any, broker: Any, out_dir: Path) -> Any:
-    from mqttfl.runtime.coordinator import Coordinator
+    from mqttfl.nodes.coordinator import Coordinator
 
     class TimedCoordinator(Coordinator):
         def __init__(self) -> None:
@@ -129,10 +129,10 @@ def coordinator_under_load(
     n: int, rounds: int, method: str = "fedapa", extra: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """Run ``rounds`` rounds of the real coordinator against ``n`` load clients."""
+    from mqttfl.bus.transport import BrokerAddress
     from mqttfl.config import load_config
     from mqttfl.logs import configure_logging
-    from mqttfl.runtime.broker import LocalBroker
-    from mqttfl.runtime.transport import BrokerAddress
+    from mqttfl.provisioning.local_broker import LocalBroker
 
     work = WORK / f"load-{method}-{n}"
     if work.exists():
@@ -225,7 +225,7 @@ def raw_fanin(n: int, rounds: int) -> dict[str, Any]:
     them (no decoding, no validation), which announces the rounds itself."""
     import aiomqtt
 
-    from mqttfl.runtime.broker import LocalBroker
+    from mqttfl.provisioning.local_broker import LocalBroker
     from mqttfl.wire.control import RoundStart, RunStatus
 
     work = WORK / f"raw-{n}"

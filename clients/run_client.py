@@ -5,7 +5,7 @@ The same as `mqttfl client ...`, for devices where the console script is not on 
 
 import sys
 
-from mqttfl.cli import main
+from mqttfl.commands.main import main
 
 if __name__ == "__main__":
     sys.exit(main(["client", *sys.argv[1:]]))

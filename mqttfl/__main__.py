@@ -1,3 +1,3 @@
-from mqttfl.cli import main
+from mqttfl.commands.main import main
 
 raise SystemExit(main())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from mqttfl.runtime.broker import LocalBroker
+from mqttfl.provisioning.local_broker import LocalBroker
 
 # CI explores the same examples every run (a landing never depends on luck); local runs
 # keep drawing new ones, which is how fuzzing finds things.

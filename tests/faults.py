@@ -37,12 +37,8 @@ from typing import Any
 
 import paho.mqtt.client as paho
 
-try:
-    from helpers import FAST, REPO, spawn
-except ImportError:  # imported as tests.faults (from benchmarks/)
-    from tests.helpers import FAST, REPO, spawn  # type: ignore[no-redef]
-
-from mqttfl.runtime.broker import LocalBroker
+from mqttfl.provisioning.local_broker import LocalBroker
+from tests.helpers import FAST, REPO, spawn
 
 CONFIG = "configs/fedapa-csi.toml"
 RUN_ID = "fedapa-csi"
@@ -276,13 +272,13 @@ class Federation:
         return self._spawn(cid, args, env)
 
     def start_load(self, count: int, *, name: str = "load") -> subprocess.Popen[bytes]:
-        """The torch-free load client (mqttfl.runtime.loadclient): ``count`` simulated devices."""
+        """The torch-free load client (mqttfl.testing.loadclient): ``count`` simulated devices."""
         self.starts[name] += 1
         self.logs.mkdir(parents=True, exist_ok=True)
         cmd = [
             sys.executable,
             "-m",
-            "mqttfl.runtime.loadclient",
+            "mqttfl.testing.loadclient",
             "--clients",
             str(count),
             "--log",

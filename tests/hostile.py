@@ -3,7 +3,7 @@
 One :class:`Scene` describes where the shots land (the run, the open round, a selected
 victim, a registered but unselected client, a client that never announced itself); a
 :class:`Hostile` builds its shot from the scene. The same catalogue is replayed against
-an in-process :class:`~mqttfl.runtime.gate.UploadGate` and against a live coordinator
+an in-process :class:`~mqttfl.engine.gate.UploadGate` and against a live coordinator
 over a real broker (tests/test_hostile_live.py).
 
 ``phase`` orders a live replay: ``before`` shots land while the victim has not uploaded
@@ -23,7 +23,7 @@ import numpy as np
 from mqttfl.algorithms import get_algorithm
 from mqttfl.algorithms.base import ClientInfo, Context
 from mqttfl.algorithms.fedapa import FedAPAParams
-from mqttfl.runtime.gate import UploadGate
+from mqttfl.engine.gate import UploadGate
 from mqttfl.wire import Message, encode
 from mqttfl.wire.codec import ARRAY_EXT
 

@@ -2,7 +2,7 @@
 
 Every message crosses the real codec and the real readers of :mod:`mqttfl.wire.control`
 (status, start, ack, upload, downlink, metrics), and the loop is the coordinator's own
-:class:`~mqttfl.runtime.engine.RoundEngine`; only the transport is missing. Clients can be
+:class:`~mqttfl.engine.rounds.RoundEngine`; only the transport is missing. Clients can be
 made to misbehave: ``silent`` ones acknowledge but never upload (a straggler), ``ghosts``
 announce themselves and never answer, ``dead`` ones left (their will fired).
 """
@@ -18,10 +18,10 @@ from mqttfl.algorithms import get_algorithm
 from mqttfl.algorithms.base import Algorithm, ClientInfo, ClientSide, Context, ServerSide, Upload
 from mqttfl.config import FederationConfig, RunConfig, TrainConfig
 from mqttfl.data.shard import Shard
+from mqttfl.engine.rounds import Announce, Close, Finish, RoundEngine
+from mqttfl.engine.state import RunState
 from mqttfl.errors import RejectedUpload
 from mqttfl.models import build_model
-from mqttfl.runtime.engine import Announce, Close, Finish, RoundEngine
-from mqttfl.runtime.state import RunState
 from mqttfl.wire import Message, PayloadSchema, encode
 from mqttfl.wire.control import (
     Ack,

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mqttfl.runtime.broker import free_port
+from mqttfl.provisioning.local_broker import free_port
 
 SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"  # the wrapper in /usr/sbin drops to user rabbitmq
 CTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"

@@ -15,13 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from faults import RUN_ID, Federation
-from helpers import mqttfl
 
 from mqttfl.config import load_config
 from mqttfl.errors import ConfigError, MqttflError
-from mqttfl.runtime.broker import LocalBroker, free_port
-from mqttfl.runtime.security import BrokerSetup, client_ids, init_broker, read_env_file
+from mqttfl.provisioning.broker_init import BrokerSetup, client_ids, init_broker, read_env_file
+from mqttfl.provisioning.local_broker import LocalBroker, free_port
+from tests.faults import RUN_ID, Federation
+from tests.helpers import mqttfl
 
 BASE = f"mqttfl/{RUN_ID}"
 MAX_PACKET = 1_000_000

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _shared_data import require_shared
 
 from mqttfl.data.capture import (
     _esp_iq,
@@ -26,6 +25,7 @@ from mqttfl.data.preprocess import (
     window_starts,
 )
 from mqttfl.errors import DataError
+from tests._shared_data import require_shared
 
 NEXMON = {"example_4358.pcap": ("4358", 80), "example_43455c0.pcap": ("43455c0", 80)}
 

@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from faults import Federation
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqttfl.config import load_config
 from mqttfl.errors import ConfigError, WireError
-from mqttfl.runtime.broker import LOCAL_CONF, LocalBroker
+from mqttfl.provisioning.local_broker import LOCAL_CONF, LocalBroker
 from mqttfl.wire.chunks import (
     HEADER_BYTES,
     Reassembler,
@@ -21,6 +20,7 @@ from mqttfl.wire.chunks import (
     payload_budget,
     split,
 )
+from tests.faults import Federation
 
 PAYLOAD = bytes(range(256)) * 40  # 10,240 bytes
 

@@ -7,10 +7,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import mqttfl
 
-from mqttfl import cli
+from mqttfl.commands import common
+from mqttfl.commands import main as cli
+from mqttfl.commands import models as models_command
 from mqttfl.errors import ConfigError, MqttflError
+from tests.helpers import mqttfl
 
 CONFIG = "configs/fedapa-csi.toml"
 
@@ -42,7 +44,7 @@ BAD_URLS = [
 @pytest.mark.parametrize(("url", "reason"), BAD_URLS)
 def test_bad_broker_url_names_it(url: str, reason: str) -> None:
     with pytest.raises(MqttflError, match=reason) as info:
-        cli._broker_url(url)
+        common.broker_url(url)
     assert f"--broker {url!r}" in str(info.value)
 
 
@@ -55,7 +57,7 @@ def test_bad_broker_url_names_it(url: str, reason: str) -> None:
     ],
 )
 def test_good_broker_url_is_normalised(url: str, expected: str) -> None:
-    assert cli._broker_url(url) == expected
+    assert common.broker_url(url) == expected
 
 
 @pytest.mark.parametrize(("url", "reason"), BAD_URLS)
@@ -179,8 +181,8 @@ def test_first_mqttfl_error_is_found_in_nested_groups() -> None:
     group = ExceptionGroup(
         "outer", [ValueError("noise"), ExceptionGroup("inner", [KeyError("k"), inner])]
     )
-    assert cli.first_mqttfl_error(group) is inner
-    assert cli.first_mqttfl_error(ExceptionGroup("none", [ValueError("v")])) is None
+    assert common.first_mqttfl_error(group) is inner
+    assert common.first_mqttfl_error(ExceptionGroup("none", [ValueError("v")])) is None
 
 
 def _fail_in_task_group(error: BaseException) -> None:
@@ -202,13 +204,15 @@ def test_main_unwraps_a_task_group(
         _fail_in_task_group(MqttflError("broker unreachable: mqtt://127.0.0.1:1"))
         return 0
 
-    monkeypatch.setattr(cli, "cmd_models", cmd)
+    monkeypatch.setattr(models_command, "cmd_models", cmd)
     assert cli.main(["models"]) == 2
     assert capsys.readouterr().err == "mqttfl: error: broker unreachable: mqtt://127.0.0.1:1\n"
 
 
 def test_main_reraises_a_group_without_a_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "cmd_models", lambda args: _fail_in_task_group(RuntimeError("bug")))
+    monkeypatch.setattr(
+        models_command, "cmd_models", lambda args: _fail_in_task_group(RuntimeError("bug"))
+    )
     with pytest.raises(ExceptionGroup) as info:
         cli.main(["models"])
     assert isinstance(info.value.exceptions[0], RuntimeError)

@@ -11,9 +11,9 @@ import glob
 from pathlib import Path
 
 import pytest
-from faults import Federation, timestamp
 
-from mqttfl.runtime.broker import LocalBroker
+from mqttfl.provisioning.local_broker import LocalBroker
+from tests.faults import Federation, timestamp
 
 LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
 SKEWS = {"0": "+600s", "1": "-600s"}  # ±10 minutes

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mqttfl.compare_entries import method_name, pinned_model, run_overrides
-from mqttfl.compare_report import markdown_table
 from mqttfl.config import TrainConfig, load_config
+from mqttfl.evaluation.compare_entries import method_name, pinned_model, run_overrides
+from mqttfl.evaluation.compare_report import markdown_table
 from mqttfl.models import build_model
 from mqttfl.training.loops import make_optimizer
 
@@ -78,7 +78,7 @@ def test_a_finished_run_is_reused_whatever_other_methods_keys_the_config_gains(
     tmp_path: Path,
 ) -> None:
     """--resume: a step added for FedPAM changes no FedAPA run; FedAPA's own keys do."""
-    from mqttfl.compare_entries import finished_summary
+    from mqttfl.evaluation.compare_entries import finished_summary
 
     ran = load_config("configs/fedapa-csi.toml", ["method=fedapa"])
     (tmp_path / "summary.json").write_text(json.dumps({"config": ran.recorded()}))

@@ -6,11 +6,11 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO
 
 from mqttfl.config import load_config
 from mqttfl.errors import ConfigError
 from mqttfl.models.names import MODEL_NAMES
+from tests.helpers import REPO
 
 CONFIG = REPO / "configs" / "fedapa-csi.toml"
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from faults import Federation
 
-from mqttfl.runtime.broker import LocalBroker
+from mqttfl.provisioning.local_broker import LocalBroker
+from tests.faults import Federation
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FAST, spawn
 
-from mqttfl.runtime.broker import LocalBroker
+from mqttfl.provisioning.local_broker import LocalBroker
+from tests.helpers import FAST, spawn
 
 pytestmark = pytest.mark.slow
 CONFIG = "configs/fedapa-csi.toml"

@@ -7,16 +7,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from inprocess import RUN, Federation
 
 from mqttfl.algorithms import get_algorithm
 from mqttfl.algorithms.base import Algorithm, Downlinks, Upload
 from mqttfl.algorithms.fedavg import FedAvgServer
+from mqttfl.engine.rounds import RECONNECT_GRACE_S, WILL_SETTLE_S, Announce, Phase, RunAborted
+from mqttfl.engine.state import RunState
 from mqttfl.errors import RejectedUpload, WireError
-from mqttfl.runtime.engine import RECONNECT_GRACE_S, WILL_SETTLE_S, Announce, Phase, RunAborted
-from mqttfl.runtime.state import RunState
 from mqttfl.wire.codec import pack_data, unpack_data
 from mqttfl.wire.control import Metrics, read_downlink
+from tests.inprocess import RUN, Federation
 
 
 def closed_at(fed: Federation, t: int) -> float:

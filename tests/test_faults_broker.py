@@ -9,9 +9,9 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
-from faults import RUN_ID, Federation, Witness, uploads_on_the_wire
 
-from mqttfl.runtime.broker import LocalBroker
+from mqttfl.provisioning.local_broker import LocalBroker
+from tests.faults import RUN_ID, Federation, Witness, uploads_on_the_wire
 
 pytestmark = pytest.mark.slow
 

@@ -10,10 +10,18 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from faults import RUN_ID, Federation, Seen, Witness, timestamp, topic_parts, uploads_on_the_wire
 
-from mqttfl.runtime.broker import LocalBroker
+from mqttfl.provisioning.local_broker import LocalBroker
 from mqttfl.wire import decode
+from tests.faults import (
+    RUN_ID,
+    Federation,
+    Seen,
+    Witness,
+    timestamp,
+    topic_parts,
+    uploads_on_the_wire,
+)
 
 pytestmark = pytest.mark.slow
 BASE = f"mqttfl/{RUN_ID}"

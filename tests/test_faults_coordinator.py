@@ -8,12 +8,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from faults import RUN_ID, Federation, Seen, Witness, topic_parts
 
 from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.config import load_config
-from mqttfl.runtime.broker import LocalBroker
+from mqttfl.provisioning.local_broker import LocalBroker
 from mqttfl.wire import decode
+from tests.faults import RUN_ID, Federation, Seen, Witness, topic_parts
 
 ROUNDS, CRASH_ROUND, CLIENTS = 4, 3, "012"
 

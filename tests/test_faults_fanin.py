@@ -1,6 +1,6 @@
 """Fan-in: 100 devices upload in the same instant; nothing is dropped.
 
-The devices are simulated by the LOAD client (mqttfl.runtime.loadclient: no model, no
+The devices are simulated by the LOAD client (mqttfl.testing.loadclient: no model, no
 training), one process with 100 MQTT sessions; the coordinator and the broker are real.
 """
 
@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from faults import RUN_ID, Federation, Witness, topic_parts, uploads_on_the_wire
 
-from mqttfl.runtime.broker import LocalBroker
+from mqttfl.provisioning.local_broker import LocalBroker
+from tests.faults import RUN_ID, Federation, Witness, topic_parts, uploads_on_the_wire
 
 DROPPED = "$SYS/broker/publish/messages/dropped"
 

@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from inprocess import Federation
 
 from mqttfl.algorithms import fedali
 from mqttfl.algorithms.base import ClientInfo, Context, Upload
@@ -24,6 +23,7 @@ from mqttfl.errors import ConfigError
 from mqttfl.models import build_model
 from mqttfl.models.transformer import ALPLayer, ema_update, sinkhorn
 from mqttfl.training.loops import predict_logits
+from tests.inprocess import Federation
 
 
 # --- Eq. 3: Sinkhorn-Knopp ---------------------------------------------------------------

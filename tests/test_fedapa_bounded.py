@@ -8,7 +8,6 @@ from itertools import combinations
 import numpy as np
 import pytest
 import torch
-from inprocess import Federation
 
 from mqttfl.algorithms.base import ClientInfo, Context, Upload
 from mqttfl.algorithms.fedapa import (
@@ -19,6 +18,7 @@ from mqttfl.algorithms.fedapa import (
     shared_sample,
 )
 from mqttfl.wire.control import encode_downlinks
+from tests.inprocess import Federation
 
 
 def _uploads(n: int, c: int, d: int) -> list[Upload]:

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import FAST, mqttfl, processes_mentioning
+
+from tests.helpers import FAST, mqttfl, processes_mentioning
 
 pytestmark = pytest.mark.slow
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from inprocess import Federation
 
 from mqttfl.algorithms.fedpam import FedPAMClient, adjusted_head, personalized_contrastive_loss
 from mqttfl.algorithms.weights import flatten_weights
 from mqttfl.training.loops import train_epochs
+from tests.inprocess import Federation
 
 
 def test_adjusted_head_eq_3_1() -> None:

@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
-from inprocess import Federation
 
 from mqttfl.algorithms.base import Context
 from mqttfl.algorithms.fedsap import (
@@ -27,6 +26,7 @@ from mqttfl.algorithms.fedsap import (
     weak_view,
 )
 from mqttfl.algorithms.prototypes import prototype_distance, prototype_squared_distance
+from tests.inprocess import Federation
 
 
 # --- Eq. 7 with the appendix's start round: 0 up to round 20, 0.7 at round 100 ------------

@@ -15,21 +15,21 @@ import time
 from pathlib import Path
 
 import pytest
-from faults import CONFIG, RUN_ID, TINY, Federation, Witness, read_events, timestamp
-from helpers import mqttfl
 
+from mqttfl.bus.transport import BrokerAddress, Credentials, Incoming
 from mqttfl.config import load_config
 from mqttfl.errors import MqttflError
-from mqttfl.runtime.broker import LocalBroker
-from mqttfl.runtime.fleet import (
+from mqttfl.nodes.fleet import (
     Fleet,
     format_ids,
     parse_ids,
     runner_credentials,
     split_ids,
 )
-from mqttfl.runtime.transport import BrokerAddress, Credentials, Incoming
+from mqttfl.provisioning.local_broker import LocalBroker
 from mqttfl.wire.control import Offline, Online, read_status
+from tests.faults import CONFIG, RUN_ID, TINY, Federation, Witness, read_events, timestamp
+from tests.helpers import mqttfl
 
 # Twenty tiny clients take turns on two loaded cores: a round's deadline with headroom.
 ROOMY = ["federation.min_clients=2", "federation.round_timeout_s=30"]

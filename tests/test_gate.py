@@ -8,8 +8,8 @@ import pytest
 from mqttfl.algorithms import get_algorithm
 from mqttfl.algorithms.base import ClientInfo, Context
 from mqttfl.algorithms.fedapa import FedAPAParams
+from mqttfl.engine.gate import UploadGate
 from mqttfl.errors import RejectedUpload
-from mqttfl.runtime.gate import UploadGate
 from mqttfl.wire import Message, encode
 
 CTX = Context(num_classes=21, embed_dim=8, rounds=5, seed=0, params=FedAPAParams())

@@ -11,20 +11,20 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
-from hostile import CTX, INFO, SCENE, fresh_gate
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from mqttfl.algorithms import get_algorithm
 from mqttfl.algorithms.base import ClientInfo
+from mqttfl.bus.transport import BrokerAddress, Incoming
 from mqttfl.config import load_config
 from mqttfl.errors import RejectedUpload, WireError
-from mqttfl.runtime.coordinator import Coordinator
-from mqttfl.runtime.transport import BrokerAddress, Incoming
+from mqttfl.nodes.coordinator import Coordinator
 from mqttfl.wire import Message, decode, encode
 from mqttfl.wire.codec import ARRAY_EXT
 from mqttfl.wire.control import Online
+from tests.hostile import CTX, INFO, SCENE, fresh_gate
 
 # --- fuzzing ------------------------------------------------------------------------------
 _scalars = st.one_of(

@@ -16,8 +16,15 @@ from pathlib import Path
 import numpy as np
 import paho.mqtt.client as paho
 import pytest
-from faults import RUN_ID, Federation, Witness
-from hostile import (
+
+from mqttfl.algorithms.base import ClientInfo
+from mqttfl.config import load_config
+from mqttfl.engine.gate import UploadGate
+from mqttfl.errors import RejectedUpload
+from mqttfl.wire import decode
+from mqttfl.wire.control import Offline, Online
+from tests.faults import RUN_ID, Federation, Witness
+from tests.hostile import (
     CATALOGUE,
     CONTROL_CATALOGUE,
     INFO,
@@ -26,13 +33,6 @@ from hostile import (
     expected_rejections,
     fresh_gate,
 )
-
-from mqttfl.algorithms.base import ClientInfo
-from mqttfl.config import load_config
-from mqttfl.errors import RejectedUpload
-from mqttfl.runtime.gate import UploadGate
-from mqttfl.wire import decode
-from mqttfl.wire.control import Offline, Online
 
 
 def _fire(gate: UploadGate, scene: Scene, hostile_phase: str) -> list[tuple[str, str]]:

@@ -21,13 +21,13 @@ from pathlib import Path
 import numpy as np
 import paho.mqtt.client as paho
 import pytest
-from faults import RUN_ID, Federation
 
-from mqttfl.runtime.broker import LocalBroker, free_port
-from mqttfl.runtime.security import init_broker
+from mqttfl.provisioning.broker_init import init_broker
+from mqttfl.provisioning.local_broker import LocalBroker, free_port
 from mqttfl.wire import Message, encode
 from mqttfl.wire.control import Offline, Online, RunStatus
 from mqttfl.wire.schemas import ClientInfo
+from tests.faults import RUN_ID, Federation
 
 BASE = f"mqttfl/{RUN_ID}"
 ROUNDS = 4

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FAST, REPO, mqttfl, processes_mentioning
+
+from tests.helpers import FAST, REPO, mqttfl, processes_mentioning
 
 pytestmark = pytest.mark.slow
 

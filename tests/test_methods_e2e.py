@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import FAST, mqttfl
 
-from mqttfl.compare_entries import finished_summary, run_overrides
 from mqttfl.config import load_config
+from mqttfl.evaluation.compare_entries import finished_summary, run_overrides
+from tests.helpers import FAST, mqttfl
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from inprocess import Federation
 
 from mqttfl.algorithms import algorithm_names, get_algorithm
 from mqttfl.algorithms.base import ClientInfo, Context, Upload
@@ -16,9 +15,10 @@ from mqttfl.algorithms.fedcaring import FedCaringParams, FedCaringServer, caring
 from mqttfl.algorithms.fedproto import FedProtoClient, FedProtoParams, FedProtoServer
 from mqttfl.algorithms.prototypes import global_bank, nearest_prototype, prototype_mse
 from mqttfl.algorithms.weights import flatten_weights
+from mqttfl.engine.gate import UploadGate
 from mqttfl.errors import RejectedUpload, WireError
-from mqttfl.runtime.gate import UploadGate
 from mqttfl.wire import Message, encode
+from tests.inprocess import Federation
 
 MY_METHODS = ("fedproto", "fedsap", "fedali", "fedpam", "wifed", "fedcaring")
 

@@ -10,12 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mqttfl.compare_entries import pooled_overrides
-from mqttfl.compare_report import aggregate_pooled, markdown_table
 from mqttfl.config import TrainConfig, load_config
 from mqttfl.data.shard import Shard
-from mqttfl.models import build_model
-from mqttfl.pooled import (
+from mqttfl.evaluation.compare_entries import pooled_overrides
+from mqttfl.evaluation.compare_report import aggregate_pooled, markdown_table
+from mqttfl.evaluation.pooled import (
     POOLED_STREAM,
     PooledRun,
     pool_training_data,
@@ -25,6 +24,7 @@ from mqttfl.pooled import (
     score_per_client,
     train_pooled,
 )
+from mqttfl.models import build_model
 from mqttfl.training.loops import predict_logits
 
 TRAIN = TrainConfig(lr=0.05, momentum=0.5, weight_decay=1e-4, batch_size=6)

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _shared_data import require_shared
 
+from mqttfl.commands.data import add_data_commands
+from mqttfl.commands.main import main
 from mqttfl.data.espectre import ESPECTRE_CHIPS, espectre_shard
 from mqttfl.data.prepare import (
     ACTIVITIES,
-    add_data_commands,
     build_shards,
     inspect_shard,
     parse_subcarriers,
@@ -23,6 +23,7 @@ from mqttfl.data.prepare import (
 from mqttfl.data.preprocess import split_windows_by_time
 from mqttfl.data.shard import load_shard
 from mqttfl.errors import DataError
+from tests._shared_data import require_shared
 
 
 def _ramp_csv(path: Path, packets: int, columns: int = 4, offset: int = 0) -> Path:
@@ -303,9 +304,8 @@ def test_cli_prepare_and_inspect(tmp_path, capsys):
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-    cli = pytest.importorskip("mqttfl.cli")
     out = tmp_path / "out"
-    code = cli.main(
+    code = main(
         [
             "data",
             "prepare",

@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 
 import pytest
-from faults import Federation
-from rabbit import RabbitNode, available
 
-from mqttfl.runtime.broker import LocalBroker
+from mqttfl.provisioning.local_broker import LocalBroker
+from tests.faults import Federation
+from tests.rabbit import RabbitNode, available
 
 pytestmark = [
     pytest.mark.slow,

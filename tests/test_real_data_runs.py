@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from _shared_data import require_shared
-from helpers import mqttfl
+
+from tests._shared_data import require_shared
+from tests.helpers import mqttfl
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The Local reference beside `mqttfl run`'s table (mqttfl.reference): it is what a Local
+"""The Local reference beside `mqttfl run`'s table (mqttfl.evaluation.reference): it is what a Local
 run of the same federation reports, it is cached by what determines it, and the table
 shows it with the gain."""
 
@@ -10,13 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import FAST, mqttfl
 from structlog.testing import capture_logs
 
 from mqttfl.config import load_config
-from mqttfl.pooled import client_shards
-from mqttfl.reference import LocalReference, local_reference, reference_key, with_reference
-from mqttfl.runtime.launcher import format_table
+from mqttfl.evaluation.pooled import client_shards
+from mqttfl.evaluation.reference import (
+    LocalReference,
+    local_reference,
+    reference_key,
+    with_reference,
+)
+from mqttfl.evaluation.table import format_table
+from tests.helpers import FAST, mqttfl
 
 CONFIG = "configs/fedapa-csi.toml"
 TINY = [*FAST, "rounds=2", "federation.num_clients=2"]

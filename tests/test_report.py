@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import FAST, mqttfl
+
+from tests.helpers import FAST, mqttfl
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from faults import RUN_ID, Federation, timestamp
 
-from mqttfl.runtime.broker import LocalBroker, free_port
-from mqttfl.runtime.security import BrokerSetup, init_broker
-from mqttfl.runtime.sites import EdgeBridge, bridge_identity
+from mqttfl.provisioning.broker_init import BrokerSetup, init_broker
+from mqttfl.provisioning.local_broker import LocalBroker, free_port
+from mqttfl.provisioning.sites import EdgeBridge, bridge_identity
+from tests.faults import RUN_ID, Federation, timestamp
 
 SITES = {"kitchen": ["0", "1"], "lab": ["2", "3"]}
 ROUNDS = 40  # tiny rounds (~0.2 s): enough of them to see the site leave and come back

@@ -11,23 +11,24 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+
+from tests.helpers import REPO
 
 MODULES = [
     "mqttfl",
-    "mqttfl.cli",
+    "mqttfl.commands.main",
     "mqttfl.config",
     "mqttfl.wire",
     "mqttfl.wire.control",
     "mqttfl.algorithms",
-    "mqttfl.runtime.engine",
-    "mqttfl.runtime.coordinator",
-    "mqttfl.runtime.security",
-    "mqttfl.runtime.loadclient",
-    "mqttfl.report",
-    "mqttfl.reference",
-    "mqttfl.runtime.device",
-    "mqttfl.data.data_cli",
+    "mqttfl.engine.rounds",
+    "mqttfl.nodes.coordinator",
+    "mqttfl.provisioning.broker_init",
+    "mqttfl.testing.loadclient",
+    "mqttfl.evaluation.report",
+    "mqttfl.evaluation.reference",
+    "mqttfl.nodes.device",
+    "mqttfl.commands.data",
 ]
 
 
@@ -106,7 +107,7 @@ for name, arch in (("fedavg", "large"), ("fedcaring", "tiny"), ("wifed", "middle
 def test_cli_commands_run_without_torch(args: list[str], tmp_path: Path) -> None:
     argv = [a.replace("{tmp}", str(tmp_path / "b")) for a in args]
     code = f"""
-from mqttfl.cli import main
+from mqttfl.commands.main import main
 try:
     main({argv!r})
 except SystemExit as exc:

@@ -19,16 +19,14 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from faults import RUN_ID, Federation, Seen, Witness, wait_for
-from helpers import REPO, mqttfl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-import mqttfl.watch as watch
-from mqttfl import cli
-from mqttfl.runtime.broker import LocalBroker
-from mqttfl.watch import FederationView, render
+import mqttfl.monitor.view as watch
+from mqttfl.commands import main as cli
+from mqttfl.monitor.view import FederationView, render
+from mqttfl.provisioning.local_broker import LocalBroker
 from mqttfl.wire import Topics
 from mqttfl.wire.codec import Message, encode
 from mqttfl.wire.control import (
@@ -40,6 +38,8 @@ from mqttfl.wire.control import (
     RunStatus,
 )
 from mqttfl.wire.schemas import ClientInfo
+from tests.faults import RUN_ID, Federation, Seen, Witness, wait_for
+from tests.helpers import REPO, mqttfl
 
 RUN = "r1"
 T = Topics(RUN)

@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from mqttfl.errors import WireError
-from mqttfl.lazy import lazy_import
+from mqttfl.training.lazy import lazy_import
 from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
 from mqttfl.wire.schemas import ClientInfo, PayloadSchema
 

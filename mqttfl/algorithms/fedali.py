@@ -54,8 +54,8 @@ from mqttfl.algorithms.weights import (
     weights_length,
 )
 from mqttfl.errors import ConfigError
-from mqttfl.lazy import lazy_import
 from mqttfl.models.sizes import alp_widths
+from mqttfl.training.lazy import lazy_import
 from mqttfl.training.loops import train_epochs
 from mqttfl.wire.schemas import ArrayField, IntField, PayloadSchema
 

@@ -52,8 +52,8 @@ from mqttfl.algorithms.base import (
     expect_array,
 )
 from mqttfl.errors import WireError
-from mqttfl.lazy import lazy_import
 from mqttfl.logs import get_logger
+from mqttfl.training.lazy import lazy_import
 from mqttfl.training.loops import class_prototypes, embed_all
 from mqttfl.wire.schemas import ArrayField, PayloadSchema
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mqttfl.algorithms.base import Algorithm
 from mqttfl.algorithms.fedavg import FedAvgClient, FedAvgServer
-from mqttfl.lazy import lazy_import, no_grad
+from mqttfl.training.lazy import lazy_import, no_grad
 from mqttfl.training.loops import batches
 
 if TYPE_CHECKING:

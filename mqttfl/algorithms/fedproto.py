@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mqttfl.algorithms.base import Algorithm, Context
 from mqttfl.algorithms.prototypes import BankServer, Inference, PrototypeClient, prototype_mse
-from mqttfl.lazy import lazy_import
+from mqttfl.training.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch.nn.functional as F

@@ -51,10 +51,10 @@ from mqttfl.algorithms.prototypes import (
     PrototypeClient,
     prototype_distance,
 )
-from mqttfl.lazy import lazy_import
 from mqttfl.logs import get_logger
+from mqttfl.training.lazy import lazy_import
 from mqttfl.training.loops import batches, embed_all, train_epochs
-from mqttfl.wire.topics import client_number
+from mqttfl.wire.ids import client_number
 
 if TYPE_CHECKING:
     import torch

@@ -25,7 +25,7 @@ from mqttfl.algorithms.base import (
 )
 from mqttfl.algorithms.fedapa import prototype_schema, stack_uploads
 from mqttfl.errors import WireError
-from mqttfl.lazy import lazy_import, no_grad
+from mqttfl.training.lazy import lazy_import, no_grad
 from mqttfl.training.loops import class_prototypes, embed_all
 from mqttfl.training.metrics import classification_report
 from mqttfl.wire.schemas import PayloadSchema

@@ -8,8 +8,8 @@ import numpy as np
 
 from mqttfl.algorithms.base import ClientInfo, Context, Upload
 from mqttfl.errors import MqttflError
-from mqttfl.lazy import lazy_import
 from mqttfl.models.sizes import weight_count
+from mqttfl.training.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch

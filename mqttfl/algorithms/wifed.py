@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mqttfl.algorithms.base import Algorithm
 from mqttfl.algorithms.fedavg import FedAvgClient, FedAvgServer
-from mqttfl.lazy import lazy_import
+from mqttfl.training.lazy import lazy_import
 from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
-from mqttfl.wire.topics import client_number
+from mqttfl.wire.ids import client_number
 
 if TYPE_CHECKING:
     import torch.nn.functional as F

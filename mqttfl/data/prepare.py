@@ -9,22 +9,15 @@ names callers use are re-exported here:
   recordings into clients and write the shards (:func:`build_shards`,
   :func:`prepare_shards`); its docstring describes the whole ``data prepare``
   behaviour and is the command's ``--help`` text;
-* :mod:`mqttfl.data.data_cli`: the ``data prepare`` / ``data inspect`` commands
-  (:func:`add_data_commands`) and shard summaries (:func:`inspect_shard`).
+* :mod:`mqttfl.data.inspect`: shard summaries (:func:`inspect_shard`) and the
+  ``--subcarriers`` syntax; the commands themselves are :mod:`mqttfl.commands.data`.
 
-Imports point one way: this module -> data_cli -> shard_builder -> labels.
+Imports point one way: this module -> inspect, shard_builder -> labels.
 """
 
 from __future__ import annotations
 
-from mqttfl.data.data_cli import (
-    add_data_commands,
-    cmd_inspect,
-    cmd_prepare,
-    format_inspection,
-    inspect_shard,
-    parse_subcarriers,
-)
+from mqttfl.data.inspect import format_inspection, inspect_shard, parse_subcarriers
 from mqttfl.data.labels import ACTIVITIES, LabelSpec, resolve_labels
 from mqttfl.data.shard_builder import DEFAULT_WINDOW, GROUPINGS, build_shards, prepare_shards
 
@@ -33,10 +26,7 @@ __all__ = [
     "DEFAULT_WINDOW",
     "GROUPINGS",
     "LabelSpec",
-    "add_data_commands",
     "build_shards",
-    "cmd_inspect",
-    "cmd_prepare",
     "format_inspection",
     "inspect_shard",
     "parse_subcarriers",

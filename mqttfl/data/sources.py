@@ -11,7 +11,7 @@ import numpy as np
 from mqttfl.config import DataConfig
 from mqttfl.data.shard import Shard, load_shard
 from mqttfl.errors import ConfigError, DataError
-from mqttfl.wire.topics import is_numeric_id
+from mqttfl.wire.ids import is_numeric_id
 
 
 def shared_data_root(data: DataConfig) -> Path:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mqttfl.lazy import lazy_import, no_grad
+from mqttfl.training.lazy import lazy_import, no_grad
 
 if TYPE_CHECKING:
     import torch

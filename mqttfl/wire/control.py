@@ -22,8 +22,9 @@ import numpy as np
 
 from mqttfl.errors import WireError
 from mqttfl.wire.codec import Message, decode, encode
+from mqttfl.wire.ids import BROADCAST, check_id
 from mqttfl.wire.schemas import ClientInfo
-from mqttfl.wire.topics import BROADCAST, MAX_ROUND, check_id
+from mqttfl.wire.topics import MAX_ROUND
 
 COORDINATOR = "coordinator"
 CONTROL_LIMIT = 1_000_000  # control messages are small; anything bigger is hostile

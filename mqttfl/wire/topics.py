@@ -17,26 +17,15 @@ from its topic alone, before its payload is even decoded.
 from __future__ import annotations
 
 import re
-import zlib
 from dataclasses import dataclass
 
 from mqttfl.errors import WireError
+from mqttfl.wire.ids import BROADCAST, check_id
 
-_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-BROADCAST = "all"
 MAX_ROUND = 999_999_999  # nine ASCII digits in a topic
 MAX_TOPIC_CHARS = 512
 _ROUND = re.compile(r"^(0|[1-9][0-9]{0,8})$")  # ASCII only: str.isdigit() takes '²'
 _PER_CLIENT = ("down", "up", "metrics", "ack")
-
-
-def check_id(value: str, what: str = "client id") -> str:
-    """An id is safe inside a topic level: no '/', '+', '#', and not the broadcast name."""
-    if not isinstance(value, str) or not _ID.fullmatch(value) or value == BROADCAST:
-        raise WireError(
-            "bad_id", f"{what} {str(value)[:80]!r} must match {_ID.pattern} and not be 'all'"
-        )
-    return value
 
 
 @dataclass(frozen=True)
@@ -144,19 +133,3 @@ class Topics:
                     return TopicInfo("down", t, BROADCAST)
                 return TopicInfo(parts[2], t, check_id(parts[3]))
         raise WireError("topic", f"unknown topic: {topic[:100]!r}")
-
-
-def is_numeric_id(client: str) -> bool:
-    """Client ids made of ASCII digits pick a synthetic room, a partition or a chip."""
-    return client.isascii() and client.isdigit()
-
-
-def client_number(client: str) -> int:
-    """A stable integer for a client id: the number itself for numeric ids (they pick the
-    synthetic room and seed), else a CRC32 of the id (the same on every device)."""
-    return int(client) if is_numeric_id(client) else zlib.crc32(client.encode())
-
-
-def client_order(client: str) -> tuple[int, str]:
-    """Sort key: numeric ids in numeric order, then the others by name."""
-    return (int(client), "") if is_numeric_id(client) else (1 << 62, client)
