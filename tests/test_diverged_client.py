@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from mqttfl.provisioning.local_broker import LocalBroker
-from tests.faults import Federation
+from tests.faults import RUN_ID, Federation
 
 pytestmark = pytest.mark.slow
 
@@ -48,8 +48,8 @@ def test_a_diverging_client_refuses_its_upload_and_the_run_completes(
         assert len(fed.events(healthy, "upload.sent")) == rounds
     assert summary["rounds_completed"] == rounds
     # Rolled back each time: no diverged SGD step left a momentum buffer behind.
-    state = torch.load(fed.state_dir / "client-2.pt", weights_only=True)
+    state = torch.load(fed.state_dir / RUN_ID / "client-2.pt", weights_only=True)
     assert state["optimizer"]["state"] == {}
     assert all(torch.isfinite(v).all() for v in state["model"].values())
-    healthy = torch.load(fed.state_dir / "client-0.pt", weights_only=True)
+    healthy = torch.load(fed.state_dir / RUN_ID / "client-0.pt", weights_only=True)
     assert healthy["optimizer"]["state"]  # the check above can see a step

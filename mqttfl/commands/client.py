@@ -26,7 +26,7 @@ def add_client_command(subparsers: Any) -> None:
         "--state-dir",
         type=Path,
         default=Path("client-state"),
-        help="where the client keeps its model between restarts",
+        help="where the client keeps its state between restarts (one file per run id)",
     )
     client.set_defaults(func=cmd_client)
 

@@ -26,7 +26,7 @@ def add_fleet_command(subparsers: Any) -> None:
         "--state-dir",
         type=Path,
         default=Path("client-state"),
-        help="where the clients keep their models between restarts",
+        help="where the clients keep their state between restarts (one file per run id)",
     )
     fleet.add_argument(
         "--workers",

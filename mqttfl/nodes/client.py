@@ -35,7 +35,7 @@ from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.errors import WireError
 from mqttfl.logs import get_logger
-from mqttfl.nodes.client_state import Progress, StateFile
+from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path
 from mqttfl.nodes.device import build_client_side, round_rng
 from mqttfl.training.metrics import classification_report
 from mqttfl.wire import Message, Topics, check_id, encode
@@ -110,7 +110,6 @@ class ClientRunner:
         self.model, self.info = self.method.model, self.method.info
         self.schema = algorithm.upload_schema(self.ctx, self.info)
         self.progress = Progress()
-        self.state_file = StateFile(state_dir / f"client-{client_id}.pt")
         self.pending: dict[int, PendingDownlink] = {}
         # The newest round known closed (its closed status, or a start of the next one), in
         # the order the worker acts: a downlink is applied only once its round closed, so
@@ -126,6 +125,11 @@ class ClientRunner:
         self._acked: set[tuple[int, int]] = set()
         self._healed = -HEAL_INTERVAL_S
         self.log = get_logger(run_id=config.run_id, client_id=client_id)
+        self.state_file = StateFile(
+            state_path(state_dir, config.run_id, client_id),
+            Owner.of(config, self.info),
+            log=self.log,
+        )
         resumed = self.state_file.load(self.model, self.method, self.progress)
         if resumed:
             self.log.info(

@@ -1,19 +1,35 @@
-"""A client's state file: model, optimizer, method state and progress, for restarts."""
+"""A client's state file: model, optimizer, method state and progress, for restarts.
+
+A state belongs to one run. The file sits under the run's id
+(``<state-dir>/<run-id>/client-<id>.pt``), so one device can take part in two runs, one
+after the other or at once, each with its own state; and it records its :class:`Owner`
+(run id, method, model architecture and a digest of the config that decides training).
+A state whose owner is not this run's, or that cannot be read or loaded, is set aside
+(renamed ``*.discarded``) with one ``state.discarded`` log line, and the client starts
+fresh: it never crashes on an old file and never skips a round that it has not trained.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
+import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from mqttfl.logs import get_logger
+
 if TYPE_CHECKING:
-    from mqttfl.algorithms.base import ClientSide
+    from structlog.typing import FilteringBoundLogger as BoundLogger
+
+    from mqttfl.algorithms.base import ClientInfo, ClientSide
+    from mqttfl.config import RunConfig
 
 
 @dataclass
@@ -25,19 +41,97 @@ class Progress:
     bytes_up: dict[int, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Owner:
+    """Whose state a file holds: a state is resumed only by the run that wrote it."""
+
+    run_id: str
+    method: str
+    arch: str
+    config: str  # digest of what decides training (see training_digest)
+
+    @classmethod
+    def of(cls, config: RunConfig, info: ClientInfo) -> Owner:
+        return cls(config.run_id, config.method, info.arch, training_digest(config, info))
+
+    def mismatch(self, saved: Any) -> str | None:
+        """Why a file's recorded owner is not this one (None when it is)."""
+        if not isinstance(saved, dict):
+            return "the file records no run, method, model or config (an older format)"
+        for key, mine in asdict(self).items():
+            theirs = saved.get(key)
+            if theirs != mine:
+                what = "training config digest" if key == "config" else key.replace("_", " ")
+                return f"{what} {str(theirs)[:80]!r} is not this run's {mine!r}"
+        return None
+
+
+def training_digest(config: RunConfig, info: ClientInfo) -> str:
+    """SHA-256 (16 hex digits) of everything that decides what a client trains: method
+    and its table, model, local training (not its thread count), data, seed, rounds and
+    the federation's size (shards are cut for it), and the shard the client holds."""
+    decides = {
+        "method": config.method,
+        "method_params": config.method_params,
+        "model": config.model.model_dump(mode="json"),
+        "train": config.train.model_dump(mode="json", exclude={"torch_threads"}),
+        "data": config.data.model_dump(mode="json"),
+        "seed": config.seed,
+        "rounds": config.rounds,
+        "num_clients": config.federation.num_clients,
+        "shard": [list(info.classes), info.num_samples, list(info.sample_shape)],
+    }
+    text = json.dumps(decides, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def state_path(state_dir: Path, run_id: str, client_id: str) -> Path:
+    """Where a client keeps its state of one run."""
+    return state_dir / run_id / f"client-{client_id}.pt"
+
+
 class StateFile:
     """Snapshots are taken between training steps and written in the background, one
     write at a time, so serializing the model is not on the round's critical path."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self, path: Path, owner: Owner | None = None, *, log: BoundLogger | None = None
+    ) -> None:
         self.path = path
+        self.owner = owner
+        self.log = log if log is not None else get_logger()
         self._writing: asyncio.Task[None] | None = None
 
     def load(self, model: torch.nn.Module, method: ClientSide, progress: Progress) -> bool:
+        """Resume from the file if it is this run's; set it aside (and start fresh) if not."""
         if not self.path.exists():
             return False
-        self.restore(torch.load(self.path, weights_only=True), model, method, progress)
+        try:
+            state = torch.load(self.path, weights_only=True)
+        except Exception as exc:  # truncated, or not a state file at all
+            self._discard(f"unreadable: {type(exc).__name__}: {exc}"[:300])
+            return False
+        if not isinstance(state, dict):
+            self._discard("unreadable: not a state file")
+            return False
+        if self.owner is not None:
+            reason = self.owner.mismatch(state.get("owner"))
+            if reason is not None:
+                self._discard(reason)
+                return False
+        fresh = self.snapshot(model, method, progress)
+        try:
+            self.restore(state, model, method, progress)
+        except Exception as exc:  # e.g. a size mismatch: put the fresh state back
+            self.restore(fresh, model, method, progress)
+            self._discard(f"does not load: {type(exc).__name__}: {exc}"[:300])
+            return False
         return True
+
+    def _discard(self, reason: str) -> None:
+        aside = self.path.with_name(self.path.name + ".discarded")
+        os.replace(self.path, aside)
+        self.log.warning("state.discarded", path=str(self.path), kept_as=aside.name, reason=reason)
 
     @staticmethod
     def restore(
@@ -65,6 +159,8 @@ class StateFile:
     def _write(self, snapshot: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
+        if self.owner is not None:
+            snapshot = {**snapshot, "owner": asdict(self.owner)}
         torch.save(snapshot, tmp)
         os.replace(tmp, self.path)
 

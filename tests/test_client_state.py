@@ -1,0 +1,165 @@
+"""A device's saved state belongs to its run.
+
+One device (two client processes sharing one ``--state-dir``) takes part in run A
+(tiny model), then run B (large model), then run C (A's config under another run id),
+then A's run id again with another model: it trains and uploads every round of every
+run, never crashes on the state another run left, and a restart inside A resumes at
+A's round. The file-level checks (unreadable, older format, another owner) run in
+process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import torch
+
+from mqttfl.config import load_config
+from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path, training_digest
+from mqttfl.provisioning.local_broker import LocalBroker
+from mqttfl.wire.schemas import ClientInfo
+from tests.faults import CONFIG, Federation
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class SharedStateFederation(Federation):
+    """A federation whose clients keep their state in a directory shared across runs."""
+
+    shared_state: Path = field(default_factory=Path)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.shared_state
+
+
+def _run(
+    root: Path, broker: LocalBroker, state: Path, overrides: list[str], *, rounds: int
+) -> SharedStateFederation:
+    fed = SharedStateFederation(
+        root, broker, clients=2, rounds=rounds, overrides=overrides, shared_state=state
+    )
+    return fed
+
+
+def _check_every_round(fed: Federation, rounds: int) -> None:
+    for t in range(1, rounds + 1):
+        (closed,) = fed.closed_rounds()[t]
+        assert closed["uploads"] == 2 and closed["missing"] == [], closed
+    for cid in ("0", "1"):
+        sent = fed.uploads_sent(cid) + [
+            int(e["round"]) for e in fed.events(cid, "upload.resent")
+        ]
+        assert set(sent) == set(range(1, rounds + 1)), (cid, sent)
+        assert not fed.events(cid, "round.skipped")
+        assert not fed.events(cid, "client.failed")
+        assert not fed.events(cid, "message.failed")
+
+
+def test_one_device_three_runs_each_with_its_own_state(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    state = tmp_path / "device-state"
+    rounds = 4
+    # Run A (tiny); client 0 is killed after round 2 and restarted: it resumes there.
+    with _run(tmp_path / "A", broker, state, ["run_id=run-a"], rounds=rounds) as fed:
+        fed.start()
+        fed.wait_for(
+            lambda: any(e["round"] == 2 for e in fed.events("0", "round.evaluated")),
+            timeout=90,
+            what="client 0 to apply round 2",
+        )
+        fed.kill("0")
+        fed.restart("0")
+        summary = fed.finish(timeout=120)
+    assert summary["rounds_completed"] == rounds
+    (resumed,) = fed.events("0", "client.resumed")
+    assert resumed["trained_round"] >= 2 and resumed["applied_round"] >= 1
+    _check_every_round(fed, rounds)
+    assert not fed.events("0", "state.discarded")
+    a_state = torch.load(state_path(state, "run-a", "0"), weights_only=True)
+    assert a_state["trained_round"] == rounds and a_state["owner"]["arch"] == "tiny"
+
+    # Run B (large, its own run id): the same device, fresh state of its own.
+    b = ["run_id=run-b", "model.name=large"]
+    with _run(tmp_path / "B", broker, state, b, rounds=2) as fed:
+        fed.start()
+        fed.finish(timeout=180)
+    _check_every_round(fed, 2)
+    for cid in ("0", "1"):
+        assert not fed.events(cid, "client.resumed")
+
+    # Run C: A's config under another run id trains every round (A's state is A's).
+    with _run(tmp_path / "C", broker, state, ["run_id=run-c"], rounds=rounds) as fed:
+        fed.start()
+        fed.finish(timeout=120)
+    _check_every_round(fed, rounds)
+    for cid in ("0", "1"):
+        assert not fed.events(cid, "client.resumed")
+    # A, B and C each left their own state; nothing was set aside.
+    for run in ("run-a", "run-b", "run-c"):
+        assert state_path(state, run, "1").exists()
+    assert not list(state.rglob("*.discarded"))
+
+    # A's run id again, with another model: A's state is set aside, once, with the reason.
+    with _run(tmp_path / "A2", broker, state, ["run_id=run-a", "model.name=middle"], rounds=2) as fed:
+        fed.start()
+        fed.finish(timeout=120)
+    _check_every_round(fed, 2)
+    for cid in ("0", "1"):
+        (discarded,) = fed.events(cid, "state.discarded")
+        assert "arch 'tiny'" in discarded["reason"], discarded
+        assert not fed.events(cid, "client.resumed")
+    assert state_path(state, "run-a", "0").with_suffix(".pt.discarded").exists()
+
+
+# --- the file alone -----------------------------------------------------------------------
+def _owner(*overrides: str) -> Owner:
+    config = load_config(CONFIG, list(overrides))
+    info = ClientInfo("0", "tiny", (0, 1), 60, (24, 30))
+    return Owner.of(config, info)
+
+
+def test_the_training_digest_follows_what_decides_training() -> None:
+    info = ClientInfo("0", "tiny", (0, 1), 60, (24, 30))
+    base = load_config(CONFIG, [])
+    same = load_config(CONFIG, ["train.torch_threads=2", "federation.round_timeout_s=5"])
+    assert training_digest(same, info) == training_digest(base, info)
+    for change in ("train.lr=0.5", "seed=3", "data.window=32", "model.embed_dim=8", "rounds=2"):
+        assert training_digest(load_config(CONFIG, [change]), info) != training_digest(
+            base, info
+        ), change
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"not a torch file", "unreadable"),
+        ({"model": {}, "trained_round": 60, "applied_round": 60}, "older format"),
+        ({"owner": {"run_id": "other", "method": "fedapa", "arch": "tiny", "config": "x"}}, "run id"),
+    ],
+)
+def test_a_state_that_is_not_this_runs_is_set_aside(
+    tmp_path: Path, content: Any, reason: str
+) -> None:
+    path = state_path(tmp_path, "fedapa-csi", "0")
+    path.parent.mkdir(parents=True)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        torch.save(content, path)
+    from structlog.testing import capture_logs
+
+    progress = Progress()
+    with capture_logs() as logs:
+        loaded = StateFile(path, _owner()).load(
+            torch.nn.Linear(1, 1), cast(Any, None), progress
+        )
+    assert not loaded and progress.trained_round == 0
+    (event,) = [e for e in logs if e["event"] == "state.discarded"]
+    assert reason in event["reason"]
+    assert not path.exists() and path.with_name(path.name + ".discarded").exists()
