@@ -271,8 +271,11 @@ class Federation:
             args += ["--broker", self.client_brokers[cid]]
         return self._spawn(cid, args, env)
 
-    def start_load(self, count: int, *, name: str = "load") -> subprocess.Popen[bytes]:
-        """The torch-free load client (mqttfl.testing.loadclient): ``count`` simulated devices."""
+    def start_load(
+        self, count: int, *, name: str = "load", extra: list[str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """The torch-free load client (mqttfl.testing.loadclient): ``count`` simulated
+        devices (``extra``: more of its options, e.g. ``["--upload", "weights"]``)."""
         self.starts[name] += 1
         self.logs.mkdir(parents=True, exist_ok=True)
         cmd = [
@@ -284,6 +287,7 @@ class Federation:
             "--log",
             str(self.logs / f"{name}.jsonl"),
             *self._common(),
+            *(extra or []),
         ]
         with open(self.root / f"{name}.{self.starts[name]}.out", "wb") as handle:
             proc = subprocess.Popen(

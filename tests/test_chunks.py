@@ -17,6 +17,7 @@ from mqttfl.wire.chunks import (
     Reassembler,
     framed_size,
     is_chunk,
+    message_id_of,
     payload_budget,
     split,
 )
@@ -66,13 +67,11 @@ def _reason(chunks: list[bytes], reassembler: Reassembler | None = None) -> str:
 
 def test_every_broken_chunk_stream_is_refused_with_its_reason() -> None:
     chunks = split(PAYLOAD, 1000)
-    other = split(PAYLOAD[::-1], 1000)
     tampered = bytearray(chunks[1])
     tampered[-1] ^= 0xFF
     header = bytearray(chunks[0])
     header[14] = 0xFF  # index high byte: beyond the count
     assert _reason([chunks[0], chunks[0]]) == "chunk_duplicate"
-    assert _reason([chunks[0], other[1]]) == "chunk_incomplete"  # another message's chunk
     assert _reason([chunks[0], bytes(tampered), *chunks[2:]]) == "chunk_checksum"
     assert _reason([bytes(header)]) == "chunk_index"
     assert _reason([chunks[0][: HEADER_BYTES - 1]]) == "chunk_malformed"
@@ -82,12 +81,80 @@ def test_every_broken_chunk_stream_is_refused_with_its_reason() -> None:
     assert all(reassembler.feed("t", c) is None for c in chunks[:-1])
 
 
-def test_partial_messages_stay_within_their_bound() -> None:
-    reassembler = Reassembler(100_000, max_buffered_bytes=30_000)
-    for index in range(50):  # a flood of first chunks, each a new message on its own topic
-        reassembler.feed(f"t{index}", split(PAYLOAD * 2, 4000)[0])
-        assert reassembler.buffered <= 30_000
-    assert reassembler.evicted  # the oldest were pushed out, and said so
+def test_a_new_message_on_a_topic_reports_the_one_it_replaces() -> None:
+    chunks, other = split(PAYLOAD, 1000), split(PAYLOAD[::-1], 1000)
+    reassembler = Reassembler(1_000_000)
+    assert reassembler.feed("t", chunks[0]) is None
+    assert reassembler.feed("t", other[0]) is None  # its sender moved on
+    assert reassembler.evicted == [("t", message_id_of(chunks[0]))]
+    assert reassembler.dropped["t"] == 1
+    assert _reassemble(other[1:], reassembler)[0] == PAYLOAD[::-1]  # the new one completes
+
+
+def _sender(key: str) -> str:
+    return key.rpartition("/")[2]
+
+
+def test_a_full_buffer_refuses_new_messages_whole_and_never_evicts_admitted_ones() -> None:
+    big = split(PAYLOAD * 2, 4000)  # 20,480 bytes in 6 chunks
+    reassembler = Reassembler(100_000, max_buffered_bytes=45_000, sender_of=_sender)
+    for honest in ("a", "b"):
+        assert reassembler.feed(f"up/1/{honest}", big[0]) is None
+    with pytest.raises(WireError) as info:  # no room: refused at its first chunk, and counted
+        reassembler.feed("up/1/c", big[0])
+    assert info.value.reason == "chunk_busy" and reassembler.refused["c"] == 1
+    assert all(reassembler.feed("up/1/c", part) is None for part in big[1:])  # told once
+    assert reassembler.reserved <= 45_000 and not reassembler.evicted
+    for honest in ("a", "b"):
+        done = [reassembler.feed(f"up/1/{honest}", part) for part in big[1:]]
+        assert done[-1] is not None and done[-1][0] == PAYLOAD * 2
+    resent = split(PAYLOAD * 2, 4000)  # c sends again (a new message id): room now
+    assert _reassemble(resent, reassembler)[0] == PAYLOAD * 2
+
+
+def test_a_flooding_sender_is_bounded_and_counted_and_evicts_only_itself() -> None:
+    reassembler = Reassembler(
+        100_000, max_buffered_bytes=70_000, max_sender_bytes=21_000, sender_of=_sender
+    )
+    honest = {c: split(PAYLOAD * 2, 4000) for c in ("a", "b")}
+    for client, parts in honest.items():
+        reassembler.feed(f"up/1/{client}", parts[0])
+    for index in range(200):  # a flood of first chunks on topics of its own
+        reassembler.feed(f"round/{index}/up/flood", split(PAYLOAD * 2, 4000)[0])
+        assert reassembler.reserved <= 70_000
+        assert reassembler._reserved["flood"] <= 21_000
+    assert reassembler.dropped["flood"] == 199 and set(reassembler.dropped) == {"flood"}
+    assert all(key.endswith("/flood") for key, _ in reassembler.evicted)
+    for client, parts in honest.items():  # the honest messages were never touched
+        done = [reassembler.feed(f"up/1/{client}", part) for part in parts[1:]]
+        assert done[-1] is not None and done[-1][0] == PAYLOAD * 2
+    with pytest.raises(WireError, match="exceeds 21000"):  # more than a sender may hold
+        reassembler.feed("up/2/flood", split(PAYLOAD * 3, 4000)[0])
+    assert reassembler.refused["flood"] == 1
+
+
+def test_senders_outside_the_round_cannot_take_the_rounds_room() -> None:
+    reassembler = Reassembler(100_000, max_buffered_bytes=41_000, sender_of=_sender)
+    reassembler.resize(buffered=41_000, per_sender=21_000, expected=frozenset({"a", "b"}))
+    reassembler.feed("up/1/late", split(PAYLOAD * 2, 4000)[0])  # one outsider fits its room
+    with pytest.raises(WireError, match="no room"):  # a second outsider does not
+        reassembler.feed("up/1/flood", split(PAYLOAD * 2, 4000)[0])
+    for client in ("a", "b"):  # the round's two uploads still fit, whole
+        parts = split(PAYLOAD * 2, 4000)
+        done = [reassembler.feed(f"up/1/{client}", part) for part in parts]
+        assert done[-1] is not None
+    assert reassembler.refused == {"flood": 1}
+
+
+def test_an_idle_partial_message_is_given_up_on_and_reported() -> None:
+    now = [0.0]
+    reassembler = Reassembler(100_000, max_idle_s=60.0, clock=lambda: now[0])
+    parts = split(PAYLOAD, 1000)
+    reassembler.feed("up/1/a", parts[0])
+    now[0] = 61.0
+    reassembler.feed("up/1/b", parts[0])  # any chunk lets the receiver look at the others
+    assert [key for key, _ in reassembler.evicted] == ["up/1/a"]
+    assert reassembler.reserved == len(PAYLOAD)
 
 
 @settings(max_examples=500, deadline=None)

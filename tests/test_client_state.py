@@ -51,18 +51,14 @@ def _check_every_round(fed: Federation, rounds: int) -> None:
         (closed,) = fed.closed_rounds()[t]
         assert closed["uploads"] == 2 and closed["missing"] == [], closed
     for cid in ("0", "1"):
-        sent = fed.uploads_sent(cid) + [
-            int(e["round"]) for e in fed.events(cid, "upload.resent")
-        ]
+        sent = fed.uploads_sent(cid) + [int(e["round"]) for e in fed.events(cid, "upload.resent")]
         assert set(sent) == set(range(1, rounds + 1)), (cid, sent)
         assert not fed.events(cid, "round.skipped")
         assert not fed.events(cid, "client.failed")
         assert not fed.events(cid, "message.failed")
 
 
-def test_one_device_three_runs_each_with_its_own_state(
-    broker: LocalBroker, tmp_path: Path
-) -> None:
+def test_one_device_three_runs_each_with_its_own_state(broker: LocalBroker, tmp_path: Path) -> None:
     state = tmp_path / "device-state"
     rounds = 4
     # Run A (tiny); client 0 is killed after round 2 and restarted: it resumes there.
@@ -106,7 +102,9 @@ def test_one_device_three_runs_each_with_its_own_state(
     assert not list(state.rglob("*.discarded"))
 
     # A's run id again, with another model: A's state is set aside, once, with the reason.
-    with _run(tmp_path / "A2", broker, state, ["run_id=run-a", "model.name=middle"], rounds=2) as fed:
+    with _run(
+        tmp_path / "A2", broker, state, ["run_id=run-a", "model.name=middle"], rounds=2
+    ) as fed:
         fed.start()
         fed.finish(timeout=120)
     _check_every_round(fed, 2)
@@ -140,7 +138,10 @@ def test_the_training_digest_follows_what_decides_training() -> None:
     [
         (b"not a torch file", "unreadable"),
         ({"model": {}, "trained_round": 60, "applied_round": 60}, "older format"),
-        ({"owner": {"run_id": "other", "method": "fedapa", "arch": "tiny", "config": "x"}}, "run id"),
+        (
+            {"owner": {"run_id": "other", "method": "fedapa", "arch": "tiny", "config": "x"}},
+            "run id",
+        ),
     ],
 )
 def test_a_state_that_is_not_this_runs_is_set_aside(
@@ -156,9 +157,7 @@ def test_a_state_that_is_not_this_runs_is_set_aside(
 
     progress = Progress()
     with capture_logs() as logs:
-        loaded = StateFile(path, _owner()).load(
-            torch.nn.Linear(1, 1), cast(Any, None), progress
-        )
+        loaded = StateFile(path, _owner()).load(torch.nn.Linear(1, 1), cast(Any, None), progress)
     assert not loaded and progress.trained_round == 0
     (event,) = [e for e in logs if e["event"] == "state.discarded"]
     assert reason in event["reason"]

@@ -20,7 +20,7 @@ import aiomqtt
 
 from mqttfl.errors import BrokerError, WireError
 from mqttfl.logs import get_logger
-from mqttfl.wire.chunks import Reassembler, is_chunk, payload_budget, split
+from mqttfl.wire.chunks import Reassembler, is_chunk, message_id_of, payload_budget, split
 
 Birth = Callable[[], list[tuple[str, bytes, bool]]]
 ConnectionListener = Callable[[bool], None]
@@ -89,6 +89,7 @@ class Incoming:
     received: float = field(default_factory=time.monotonic)
     wire_bytes: int = -1  # what crossed the broker, chunk framing included
     error: WireError | None = None
+    message_id: int | None = None  # of a chunked message (the one ``error`` is about)
 
     def __post_init__(self) -> None:
         if self.wire_bytes < 0:
@@ -116,6 +117,7 @@ class Bus:
         on_connection: ConnectionListener | None = None,
         max_message_bytes: int = 0,
         max_reassembled_bytes: int = 64 * 1024 * 1024,
+        sender_of: Callable[[str], str] | None = None,
     ) -> None:
         self.address = address
         # A persistent session makes the broker keep our subscriptions and queue QoS 1
@@ -133,7 +135,11 @@ class Bus:
         self.connect_timeout_s = connect_timeout_s
         self.on_connection = on_connection  # told True on every connect, False on every loss
         self.max_message_bytes = max_message_bytes  # the broker's packet limit; 0: none
+        # ``sender_of`` names the sender of a topic, so that each sender's partial
+        # messages are bounded apart from everyone else's (default: one per topic).
         self.reassembler = Reassembler(max_reassembled_bytes)
+        if sender_of is not None:
+            self.reassembler.sender_of = sender_of
         self.incoming: asyncio.Queue[Incoming] = asyncio.Queue()
         self.connected = asyncio.Event()
         self.connections = 0
@@ -217,12 +223,22 @@ class Bus:
             whole = self.reassembler.feed(topic, payload)
         except WireError as exc:
             error = exc
-        for lost in self.reassembler.evicted:
-            evicted = WireError("chunk_incomplete", "evicted to keep partial messages bounded")
-            await self.incoming.put(Incoming(lost, b"", error=evicted))
+        for lost, lost_id in self.reassembler.evicted:
+            evicted = WireError(
+                "chunk_incomplete", "a partial message given up on (replaced, bounded or idle)"
+            )
+            await self.incoming.put(Incoming(lost, b"", error=evicted, message_id=lost_id))
         self.reassembler.evicted.clear()
         if error is not None:
-            await self.incoming.put(Incoming(topic, b"", wire_bytes=len(payload), error=error))
+            await self.incoming.put(
+                Incoming(
+                    topic,
+                    b"",
+                    wire_bytes=len(payload),
+                    error=error,
+                    message_id=message_id_of(payload),
+                )
+            )
         elif whole is not None:
             await self.incoming.put(Incoming(topic, whole[0], wire_bytes=whole[1]))
 
@@ -234,10 +250,11 @@ class Bus:
         qos: int = 1,
         retain: bool = False,
         timeout: float = 60.0,
-    ) -> None:
+    ) -> int | None:
         """Publish, waiting through reconnects; raise BrokerError after ``timeout``. Above
         the broker's packet limit the payload goes in chunks, in order, each acknowledged
-        (a broker keeps one retained message per topic, so chunks are never retained)."""
+        (a broker keeps one retained message per topic, so chunks are never retained).
+        Returns the chunked message's id (None when it went whole)."""
         parts = [payload]
         if self.max_message_bytes:
             parts = split(payload, payload_budget(self.max_message_bytes, topic))
@@ -245,6 +262,7 @@ class Bus:
             await self._publish_one(
                 topic, part, qos=qos, retain=retain and len(parts) == 1, timeout=timeout
             )
+        return message_id_of(parts[0]) if len(parts) > 1 else None
 
     async def _publish_one(
         self, topic: str, payload: bytes, *, qos: int, retain: bool, timeout: float

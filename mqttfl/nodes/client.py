@@ -35,6 +35,7 @@ from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.errors import WireError
 from mqttfl.logs import get_logger
+from mqttfl.nodes.client_inbox import Received, read_for_client
 from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path
 from mqttfl.nodes.device import build_client_side, round_rng
 from mqttfl.training.metrics import classification_report
@@ -47,16 +48,16 @@ from mqttfl.wire.control import (
     Online,
     RoundStart,
     RunStatus,
-    read_downlink,
-    read_run_status,
-    read_start,
-    read_status,
 )
 from mqttfl.wire.ids import BROADCAST
+from mqttfl.wire.resend import Resend
 
 T = TypeVar("T")
 
 HEAL_INTERVAL_S = 1.0  # at most one re-announcement per second after a forged 'offline'
+# Sends of one round's upload at the coordinator's request (its chunks could not be put
+# together); a bound, so that requests cannot make a device send forever.
+MAX_RESENDS_PER_ROUND = 20
 
 
 @dataclass
@@ -72,16 +73,7 @@ class SentUpload:
     announcement: int  # of the start it answered
     payload: bytes
     sent: float  # monotonic
-
-
-@dataclass(frozen=True)
-class Received:
-    """A validated message and when it arrived (monotonic)."""
-
-    message: RoundStart | RunStatus | Downlink
-    topic_client: str | None
-    size: int
-    received: float
+    message: int | None = None  # its chunked message's id (None: it went whole)
 
 
 class ClientRunner:
@@ -118,6 +110,8 @@ class ClientRunner:
         self.training_round = 0
         self.refused_round = 0  # trained, but its upload failed the schema: not retrained
         self.last_upload: SentUpload | None = None
+        self._uploading = asyncio.Lock()  # one upload on the wire at a time (chunks interleave)
+        self._resends: dict[int, int] = {}  # round -> sends asked for by the coordinator
         self.last_loss = 0.0
         self.finish_seen = False
         self.finished = asyncio.Event()
@@ -162,57 +156,13 @@ class ClientRunner:
     # --- reading: decode, validate, acknowledge -----------------------------------------------
     def _read(self, incoming: Incoming) -> Received | None:
         """Validate one message; raise WireError for anything hostile."""
-        if incoming.error is not None:  # chunks that could not be put together
-            raise incoming.error
-        where = self.topics.parse(incoming.topic)
-        run, size = self.config.run_id, len(incoming.payload)
-        message: RoundStart | RunStatus | Downlink
-        if where.kind == "status":
-            if where.client == self.client_id and incoming.payload:
-                status = read_status(incoming.payload, run_id=run, client=self.client_id)
-                if isinstance(status, Offline):
-                    self._heal(status)
+        read = read_for_client(
+            incoming, config=self.config, client_id=self.client_id, method=self.method
+        )
+        if isinstance(read, Offline):
+            self._heal(read)
             return None
-        if where.kind == "start" and where.round is not None:
-            message = read_start(incoming.payload, run_id=run, round=where.round)
-        elif where.kind == "state":
-            message = read_run_status(incoming.payload, run_id=run)
-        elif where.kind == "down" and where.round is not None and where.client is not None:
-            if where.client not in (BROADCAST, self.client_id):
-                raise WireError(
-                    "topic", f"a downlink for {where.client!r} reached {self.client_id!r}"
-                )
-            message = read_downlink(
-                incoming.payload, run_id=run, round=where.round, client=where.client
-            )
-        else:
-            raise WireError("topic", f"a client does not take {where.kind} messages")
-        if message.round > self.config.rounds:
-            raise WireError(
-                "range", f"round {message.round} is beyond the run's {self.config.rounds}"
-            )
-        if (
-            isinstance(message, RunStatus)
-            and message.phase == "finished"
-            and message.round < self.config.rounds
-        ):
-            raise WireError(
-                "range", f"'finished' after round {message.round} of {self.config.rounds}"
-            )
-        if isinstance(message, Downlink):
-            self._check_downlink(message, personal=where.client != BROADCAST)
-        return Received(message, where.client, size, incoming.received)
-
-    def _check_downlink(self, downlink: Downlink, *, personal: bool) -> None:
-        try:
-            if personal:
-                self.method.check_downlink({}, dict(downlink.body))
-            else:
-                self.method.check_downlink(dict(downlink.body), None)
-        except WireError:
-            raise
-        except Exception as exc:  # the method's check failed on the input: the input is bad
-            raise WireError("downlink", f"{type(exc).__name__}: {exc}"[:300]) from None
+        return read
 
     def _heal(self, forged: Offline) -> None:
         """Someone says we are offline (a retained copy of our own old will, or a forgery):
@@ -234,11 +184,11 @@ class ClientRunner:
         call = functools.partial(contextvars.copy_context().run, func, *args)
         return await asyncio.get_running_loop().run_in_executor(self.executor, call)
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coroutine: Coroutine[Any, Any, object]) -> None:
         task = asyncio.ensure_future(coroutine)
         task.add_done_callback(self._background_done)
 
-    def _background_done(self, task: asyncio.Future[None]) -> None:
+    def _background_done(self, task: asyncio.Future[object]) -> None:
         if not task.cancelled() and task.exception() is not None:
             self.log.warning("publish.failed", error=str(task.exception()))
 
@@ -274,6 +224,9 @@ class ClientRunner:
                 message = message.start
             if isinstance(message, RoundStart):
                 self._acknowledge(message)
+            if isinstance(message, Resend):
+                self._spawn(self._resend_asked(message))
+                continue
             self.work.put_nowait(received)
 
     # --- acting --------------------------------------------------------------------------
@@ -292,6 +245,7 @@ class ClientRunner:
 
     async def _act(self, received: Received) -> None:
         message = received.message
+        assert not isinstance(message, Resend)  # handled by the reader
         if isinstance(message, Downlink):
             await self._on_downlink(message, received)
             return
@@ -359,8 +313,9 @@ class ClientRunner:
             )
             return
         payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
-        await self.bus.publish(self.topics.up(t, self.client_id), payload)
-        self.last_upload = SentUpload(t, start.announcement, payload, time.monotonic())
+        async with self._uploading:
+            sent = await self.bus.publish(self.topics.up(t, self.client_id), payload)
+            self.last_upload = SentUpload(t, start.announcement, payload, time.monotonic(), sent)
         self.progress.trained_round = t
         self.progress.bytes_up[t] = len(payload)
         self.last_loss = float(loss)
@@ -384,9 +339,34 @@ class ClientRunner:
             body = await self._off_loop(self.method.make_upload, t)
             self.schema.validate(body)
             payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
-        await self.bus.publish(self.topics.up(t, self.client_id), payload)
-        self.last_upload = SentUpload(t, start.announcement, payload, time.monotonic())
+        async with self._uploading:
+            sent = await self.bus.publish(self.topics.up(t, self.client_id), payload)
+            self.last_upload = SentUpload(t, start.announcement, payload, time.monotonic(), sent)
         self.log.info("upload.resent", round=t, bytes=len(payload), attempt=start.attempt)
+
+    async def _resend_asked(self, resend: Resend) -> None:
+        """The coordinator could not put our newest upload of round t together: send it
+        again (after any send of ours still in progress), while round t is open. A request
+        about an older send (or chunks that were never ours) is answered by the newer one."""
+        t = resend.round
+        async with self._uploading:
+            last = self.last_upload
+            if last is None or last.round != t or t <= self.closed_round:
+                return  # nothing of ours for that round, or it is over
+            if last.message != resend.message:
+                return
+            sent = self._resends.get(t, 0)
+            if sent >= MAX_RESENDS_PER_ROUND:
+                self.log.warning("upload.resend_refused", round=t, reason=resend.reason)
+                return
+            self._resends[t] = sent + 1
+            message = await self.bus.publish(self.topics.up(t, self.client_id), last.payload)
+            self.last_upload = SentUpload(
+                t, last.announcement, last.payload, time.monotonic(), message
+            )
+        self.log.info(
+            "upload.resent", round=t, bytes=len(last.payload), reason=resend.reason, asked=sent + 1
+        )
 
     async def _on_downlink(self, downlink: Downlink, received: Received) -> None:
         t = downlink.round

@@ -32,8 +32,20 @@ from mqttfl.wire.control import (
     read_site_notice,
     read_status,
 )
+from mqttfl.wire.resend import RESEND_REASONS, Resend
 
 __all__ = ["Coordinator", "RunAborted"]
+
+# What an upload's envelope adds to its body's arrays (type, run, round, sender, field
+# names, array headers): room enough for any method's upload.
+ENVELOPE_SLACK = 4096
+# Requests to one client to send one round's upload again: a bound against loops.
+MAX_RESEND_REQUESTS = 20
+
+
+def topic_sender(topic: str) -> str:
+    """The client a topic is about (its last level): partial messages are bounded per sender."""
+    return topic.rpartition("/")[2]
 
 
 class Coordinator:
@@ -63,6 +75,7 @@ class Coordinator:
             records=self.journal.read_metrics() if state else None,
         )
         self.wake = asyncio.Event()
+        self._requests: set[asyncio.Future[int | None]] = set()  # resend requests on their way
         self._syncing: asyncio.Task[None] | None = None
         self.log = get_logger(run_id=config.run_id, client_id="coordinator")
         self.bus = Bus(
@@ -81,8 +94,10 @@ class Coordinator:
             persistent_session=True,  # uploads sent while we reconnect wait for us
             max_message_bytes=config.broker.max_message_bytes,
             max_reassembled_bytes=config.federation.max_upload_bytes,
+            sender_of=topic_sender,
             on_connection=self._on_connection,
         )
+        self.resend_requests: dict[tuple[int, str], int] = {}
 
     @property
     def state(self) -> RunState:
@@ -131,6 +146,7 @@ class Coordinator:
 
     def _handle(self, message: Incoming) -> None:
         if message.error is not None:  # chunks that could not be put together
+            self._ask_resend(message)
             raise message.error
         where = self.topics.parse(message.topic)
         run, client, t = self.config.run_id, where.client, where.round
@@ -156,6 +172,52 @@ class Coordinator:
         else:
             raise WireError("topic", f"the coordinator does not take {where.kind} messages")
 
+    def _ask_resend(self, message: Incoming) -> None:
+        """An upload of the open round that could not be put together (refused for room,
+        given up on, corrupted): ask its sender to send it again, within the round."""
+        error = message.error
+        if error is None or error.reason not in RESEND_REASONS or message.message_id is None:
+            return
+        try:
+            where = self.topics.parse(message.topic)
+        except WireError:
+            return
+        t, client, gate = where.round, where.client, self.engine.gate
+        if where.kind != "up" or client is None or t is None:
+            return
+        if not gate.open or t != gate.round or client not in gate.selected:
+            return
+        if client in gate.accepted:
+            return
+        key = (t, client)
+        asked = self.resend_requests.get(key, 0)
+        if asked >= MAX_RESEND_REQUESTS:
+            return
+        self.resend_requests[key] = asked + 1
+        self.log.info("upload.resend_asked", round=t, client=client, reason=error.reason)
+        request = Resend(t, client, error.reason, message.message_id).encode(self.config.run_id)
+        task = asyncio.ensure_future(self.bus.publish(self.topics.down(t, client), request))
+        self._requests.add(task)
+        task.add_done_callback(self._requests.discard)
+
+    def _size_reassembly(self) -> None:
+        """Room for partial uploads: what this round can legitimately bring, the selected
+        clients' largest valid uploads; each sender at most its largest."""
+        engine, gate = self.engine, self.engine.gate
+        sizes = [
+            gate.schema_for(engine.clients[c].info).max_bytes() + ENVELOPE_SLACK
+            for c in gate.selected
+            if c in engine.clients
+        ]
+        if not sizes:
+            return
+        limit = self.config.federation.max_upload_bytes
+        self.bus.reassembler.resize(
+            buffered=sum(min(size, limit) for size in sizes),
+            per_sender=max(sizes),
+            expected=gate.selected,
+        )
+
     async def _inbox(self) -> None:
         while True:
             self.handle(await self.bus.incoming.get())
@@ -167,6 +229,7 @@ class Coordinator:
         if isinstance(action, Announce):
             t = action.start.round
             structlog.contextvars.bind_contextvars(round=t)
+            self._size_reassembly()
             await self.bus.publish(self.topics.state, action.status.encode(run), retain=True)
             await self.bus.publish(self.topics.start(t), action.start.encode(run))
         elif isinstance(action, Close):

@@ -5,8 +5,12 @@ no torch. Each simulated device has its own MQTT session (a
 :class:`~mqttfl.bus.transport.Bus`: retained ``online`` status, last will) with
 every subscription a real client has (round starts, the run state, the broadcast, its
 personal downlink, its own status), so it pays what a real device pays on the downlink.
-It acknowledges every start that selects it and uploads a valid prototype payload (random
-float32 prototypes for its classes, see :func:`mqttfl.algorithms.fedapa.prototype_schema`).
+It acknowledges every start that selects it and uploads a valid payload: random float32
+prototypes for its classes (see :func:`mqttfl.algorithms.fedapa.prototype_schema`), or
+with ``--upload weights`` a weight vector of the config's model (FedAvg and the other
+weight-sharing methods; its length from :mod:`mqttfl.models.sizes`, so still no torch).
+Above ``broker.max_message_bytes`` an upload goes in chunks, and a device asked to send
+it again (:class:`~mqttfl.wire.resend.Resend`) does so.
 All selected devices upload at the same instant, behind a barrier. Every downlink is
 decoded and validated; the device notes when it holds its complete downlink (the
 broadcast, plus its personal body when the broadcast lists it). It answers each round's
@@ -27,6 +31,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -34,6 +39,7 @@ from mqttfl.bus.transport import BrokerAddress, Bus, Credentials
 from mqttfl.config import RunConfig, load_config
 from mqttfl.errors import MqttflError, WireError
 from mqttfl.logs import configure_logging, get_logger
+from mqttfl.models.sizes import weight_count
 from mqttfl.wire import Message, Topics, encode
 from mqttfl.wire.control import (
     Ack,
@@ -41,10 +47,10 @@ from mqttfl.wire.control import (
     Offline,
     Online,
     RoundStart,
-    read_downlink,
     read_run_status,
     read_start,
 )
+from mqttfl.wire.resend import Resend, read_downlink_or_resend
 from mqttfl.wire.schemas import ClientInfo
 
 BARRIER_S = 2.0  # how long the first selected device waits for the others before all upload
@@ -52,6 +58,20 @@ BARRIER_S = 2.0  # how long the first selected device waits for the others befor
 
 def load_ids(count: int, prefix: str = "load") -> list[str]:
     return [f"{prefix}{i:03d}" for i in range(count)]
+
+
+UploadKind = Literal["prototypes", "weights"]
+LOAD_SAMPLES = 50  # what each simulated device announces
+
+
+def weights_upload(
+    run: str, t: int, client_id: str, length: int, rng: np.random.Generator
+) -> bytes:
+    body = {
+        "weights": (0.01 * rng.standard_normal(length)).astype(np.float32),
+        "num_samples": LOAD_SAMPLES,
+    }
+    return encode(Message("upload", run, t, client_id, body))
 
 
 def prototype_upload(
@@ -74,6 +94,9 @@ class Device:
     expects_personal: dict[int, bool] = field(default_factory=dict)  # round -> listed
     personal: set[int] = field(default_factory=set)
     complete: set[int] = field(default_factory=set)
+    sending: asyncio.Lock = field(default_factory=asyncio.Lock)  # one upload at a time
+    payloads: dict[int, tuple[bytes, int | None]] = field(default_factory=dict)  # newest send
+    resent: int = 0
 
 
 @dataclass
@@ -116,9 +139,21 @@ class LoadFleet:
         *,
         credentials: Credentials | None = None,
         classes_each: int = 3,
+        upload: UploadKind = "prototypes",
     ) -> None:
         self.config = config
         self.classes_each = classes_each
+        self.upload = upload
+        # A weight-sharing upload is the config's model; prototypes need no model at all.
+        self.arch = config.model.name if upload == "weights" else "load"
+        model = config.model
+        self.weights_length = (
+            weight_count(
+                model.name, num_classes=model.num_classes, embed_dim=model.embed_dim, input_dim=1
+            )
+            if upload == "weights"
+            else 0
+        )
         self.topics = Topics(config.run_id)
         self.log = get_logger(run_id=config.run_id, client_id="loadclient")
         self.rng = np.random.default_rng(config.seed)
@@ -134,7 +169,7 @@ class LoadFleet:
         size = min(k, self.classes_each)
         classes = sorted(int(c) for c in self.rng.choice(k, size=size, replace=False))
         run = self.config.run_id
-        info = ClientInfo(cid, "load", tuple(classes), 50, (1,))
+        info = ClientInfo(cid, self.arch, tuple(classes), LOAD_SAMPLES, (1,))
         bus = Bus(
             broker,
             identifier=f"mqttfl-{run}-load-{cid}",
@@ -149,6 +184,7 @@ class LoadFleet:
             birth=lambda: [(self.topics.status(cid), Online(info).encode(run), True)],
             credentials=credentials,
             keepalive_s=self.config.broker.keepalive_s,
+            max_message_bytes=self.config.broker.max_message_bytes,
         )
         return Device(cid, bus, classes)
 
@@ -174,19 +210,33 @@ class LoadFleet:
             release.set()  # somebody missed the start; go without them
         if not record.t_publish:
             record.t_publish = time.monotonic()
-        payload = prototype_upload(
-            self.config.run_id,
-            t,
-            device.client_id,
-            device.classes,
-            self.config.model.embed_dim,
-            self.rng,
-        )
-        await device.bus.publish(self.topics.up(t, device.client_id), payload)
+        run = self.config.run_id
+        if self.upload == "weights":
+            payload = weights_upload(run, t, device.client_id, self.weights_length, self.rng)
+        else:
+            payload = prototype_upload(
+                run, t, device.client_id, device.classes, self.config.model.embed_dim, self.rng
+            )
+        async with device.sending:
+            message = await device.bus.publish(self.topics.up(t, device.client_id), payload)
+            device.payloads = {t: (payload, message)}  # only the newest is ever asked again
         self.sent += 1
         record.uploads += 1
         record.upload_bytes = len(payload)
         record.t_acked = max(record.t_acked, time.monotonic())
+
+    async def _resend(self, device: Device, request: Resend) -> None:
+        t = request.round
+        async with device.sending:
+            payload, message = device.payloads.get(t, (b"", None))
+            if message != request.message:
+                return  # not our newest send of that round
+            message = await device.bus.publish(self.topics.up(t, device.client_id), payload)
+            device.payloads = {t: (payload, message)}
+        device.resent += 1
+        self.log.info(
+            "upload.resent", client_id=device.client_id, round=request.round, reason=request.reason
+        )
 
     def _on_downlink(self, device: Device, t: int, personal_for: tuple[str, ...] | None) -> None:
         """Note when ``device`` holds round ``t``'s complete downlink."""
@@ -232,9 +282,12 @@ class LoadFleet:
                 elif where.kind == "start" and where.round is not None:
                     start = read_start(incoming.payload, run_id=run, round=where.round)
                 elif where.kind == "down" and where.round is not None and where.client:
-                    downlink = read_downlink(
+                    downlink = read_downlink_or_resend(
                         incoming.payload, run_id=run, round=where.round, client=where.client
                     )
+                    if isinstance(downlink, Resend):
+                        asyncio.get_running_loop().create_task(self._resend(device, downlink))
+                        continue
                     record = self.records.setdefault(where.round, RoundRecord())
                     record.down_messages += 1
                     record.down_bytes += incoming.wire_bytes
@@ -275,6 +328,7 @@ class LoadFleet:
             "clients": len(self.devices),
             "rounds": [self.records[t].to_dict(t) for t in sorted(self.records)],
             "torch_imported": "torch" in sys.modules,
+            "resent": sum(d.resent for d in self.devices.values()),
         }
 
 
@@ -293,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--classes-each", type=int, default=3, help="classes each device holds and uploads"
     )
+    parser.add_argument(
+        "--upload",
+        choices=["prototypes", "weights"],
+        default="prototypes",
+        help="what each device uploads: FedAPA-style prototypes, or the model's weights",
+    )
     parser.add_argument("--timings", help="write the per-round records to this JSON file")
     args = parser.parse_args(argv)
     try:
@@ -305,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             load_ids(args.clients, args.prefix),
             credentials=Credentials(b.username, b.password, b.tls_ca, b.tls_cert, b.tls_key),
             classes_each=args.classes_each,
+            upload=args.upload,
         )
         code = asyncio.run(fleet.run())
         if args.timings:

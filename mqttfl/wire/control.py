@@ -59,7 +59,7 @@ def _finite_number(
         raise WireError("range", f"'{name}'={value!r} outside [{low}, {high}]")
 
 
-def _round_number(value: Any, *, low: int = 0) -> int:
+def round_number(value: Any, *, low: int = 0) -> int:
     if not _is_int(value) or not low <= value <= MAX_ROUND:
         raise WireError("round", f"round must be an integer in [{low}, {MAX_ROUND}], got {value!r}")
     return int(value)
@@ -89,13 +89,13 @@ def _named_numbers(name: str, value: Any, *, bound: float = math.inf) -> dict[st
     return dict(value)
 
 
-def _text(name: str, value: Any, limit: int = MAX_REASON_CHARS) -> str:
+def text_field(name: str, value: Any, limit: int = MAX_REASON_CHARS) -> str:
     if not isinstance(value, str) or len(value) > limit:
         raise WireError("type", f"'{name}' must be a string of at most {limit} characters")
     return value
 
 
-def _body_keys(
+def body_keys(
     body: Mapping[str, Any], required: set[str], optional: frozenset[str] = frozenset()
 ) -> None:
     missing = sorted(required - body.keys())
@@ -116,7 +116,12 @@ def read_envelope(
     max_bytes: int | None = CONTROL_LIMIT,
 ) -> Message:
     """Decode (bounded), then check type, run, sender and round against the topic."""
-    message = decode(raw, max_bytes=max_bytes)
+    return check_envelope(decode(raw, max_bytes=max_bytes), kind, run_id, sender, round)
+
+
+def check_envelope(
+    message: Message, kind: str, run_id: str, sender: str | None, round: int | None
+) -> Message:
     if message.type != kind:
         raise WireError("type", f"expected a {kind} message, got {message.type!r}")
     if message.run != run_id:
@@ -138,7 +143,7 @@ class Online:
     def __post_init__(self) -> None:
         info = self.info
         check_id(info.client_id)
-        _text("arch", info.arch, MAX_KEY_CHARS)
+        text_field("arch", info.arch, MAX_KEY_CHARS)
         # The coordinator builds the announced model to size its uploads: a sample shape
         # of 10^9 features would make that a memory bomb.
         shape = info.sample_shape
@@ -177,7 +182,7 @@ class Offline:
 
     def __post_init__(self) -> None:
         check_id(self.client_id)
-        _text("reason", self.reason)
+        text_field("reason", self.reason)
 
     def encode(self, run: str) -> bytes:
         body = {"state": "offline", "reason": self.reason}
@@ -192,11 +197,11 @@ def read_status(raw: bytes, *, run_id: str, client: str) -> Status:
     body = message.body
     state = body.get("state")
     if state == "offline":
-        _body_keys(body, {"state"}, frozenset({"reason"}))
-        return Offline(client, _text("reason", body.get("reason", "")))
+        body_keys(body, {"state"}, frozenset({"reason"}))
+        return Offline(client, text_field("reason", body.get("reason", "")))
     if state != "online":
         raise WireError("range", f"unknown status {str(state)[:20]!r}")
-    _body_keys(
+    body_keys(
         body, {"state", "arch", "classes", "num_samples", "sample_shape"}, frozenset({"site"})
     )
     for key in ("classes", "sample_shape"):
@@ -204,11 +209,11 @@ def read_status(raw: bytes, *, run_id: str, client: str) -> Status:
             raise WireError("type", f"'{key}' must be a list")
     info = ClientInfo(
         client_id=client,
-        arch=_text("arch", body["arch"], MAX_KEY_CHARS),
+        arch=text_field("arch", body["arch"], MAX_KEY_CHARS),
         classes=tuple(body["classes"]),
         num_samples=body["num_samples"],
         sample_shape=tuple(body["sample_shape"]),
-        site=_text("site", body.get("site", ""), MAX_KEY_CHARS),
+        site=text_field("site", body.get("site", ""), MAX_KEY_CHARS),
     )
     return Online(info)
 
@@ -244,7 +249,7 @@ class RoundStart:
     announcement: int = 0
 
     def __post_init__(self) -> None:
-        _round_number(self.round, low=1)
+        round_number(self.round, low=1)
         _client_ids("selected", self.selected)
         _client_ids("uploaded", self.uploaded)
         _finite_number("timeout_s", self.timeout_s, low=0.0, high=MAX_TIMEOUT_S)
@@ -270,9 +275,9 @@ class RoundStart:
     def from_body(cls, t: int, body: Any) -> RoundStart:
         if not isinstance(body, Mapping):
             raise WireError("type", "a round start must be a map")
-        _body_keys(body, {"selected", "timeout_s", "params", "attempt", "uploaded", "announcement"})
+        body_keys(body, {"selected", "timeout_s", "params", "attempt", "uploaded", "announcement"})
         return cls(
-            round=_round_number(t, low=1),
+            round=round_number(t, low=1),
             selected=_client_ids("selected", body["selected"]),
             timeout_s=body["timeout_s"],
             params=_named_numbers("params", body["params"]),
@@ -302,7 +307,7 @@ class RunStatus:
     def __post_init__(self) -> None:
         if self.phase not in _PHASES:
             raise WireError("range", f"unknown run phase {str(self.phase)[:20]!r}")
-        _round_number(self.round)
+        round_number(self.round)
         if (self.phase == "open") != (self.start is not None):
             raise WireError("range", "a run status carries a start exactly when a round is open")
         if self.start is not None and self.start.round != self.round:
@@ -318,9 +323,9 @@ class RunStatus:
 def read_run_status(raw: bytes, *, run_id: str) -> RunStatus:
     message = read_envelope(raw, "state", run_id, sender=COORDINATOR, round=None)
     body = message.body
-    _body_keys(body, {"phase"}, frozenset({"start"}))
+    body_keys(body, {"phase"}, frozenset({"start"}))
     start = RoundStart.from_body(message.round, body["start"]) if "start" in body else None
-    return RunStatus(body["phase"], _round_number(message.round), start)
+    return RunStatus(body["phase"], round_number(message.round), start)
 
 
 # --- acknowledgement ------------------------------------------------------------------
@@ -333,7 +338,7 @@ class Ack:
     announcement: int = 0
 
     def __post_init__(self) -> None:
-        _round_number(self.round, low=1)
+        round_number(self.round, low=1)
         check_id(self.client_id)
         if not _is_int(self.announcement) or not 0 <= self.announcement < 2**63:
             raise WireError("range", "announcement must be a non-negative 63-bit integer")
@@ -345,7 +350,7 @@ class Ack:
 
 def read_ack(raw: bytes, *, run_id: str, round: int, client: str) -> Ack:
     message = read_envelope(raw, "ack", run_id, sender=client, round=round)
-    _body_keys(message.body, {"announcement"})
+    body_keys(message.body, {"announcement"})
     return Ack(message.round, client, message.body["announcement"])
 
 
@@ -363,7 +368,7 @@ class Metrics:
     values: Mapping[str, Number]
 
     def __post_init__(self) -> None:
-        _round_number(self.round, low=1)
+        round_number(self.round, low=1)
         check_id(self.client_id)
         _named_numbers("metrics", self.values, bound=EXTRA_METRIC_BOUND)
         for key, (low, high) in METRIC_BOUNDS.items():
@@ -418,7 +423,7 @@ class Downlink:
     personal_for: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        _round_number(self.round, low=1)
+        round_number(self.round, low=1)
         if not isinstance(self.body, Mapping):
             raise WireError("type", "a downlink body must be a map")
         check_tree("downlink", self.body)
@@ -437,6 +442,10 @@ def read_downlink(raw: bytes, *, run_id: str, round: int, client: str) -> Downli
     message = read_envelope(
         raw, "downlink", run_id, sender=COORDINATOR, round=round, max_bytes=None
     )
+    return downlink_from(message, client)
+
+
+def downlink_from(message: Message, client: str) -> Downlink:
     body = dict(message.body)
     if client != BROADCAST:
         return Downlink(message.round, body)

@@ -1,0 +1,90 @@
+"""What a client takes from the broker: every message validated before it is acted on.
+
+Decoded and checked by :mod:`mqttfl.wire.control` (and :mod:`mqttfl.wire.resend`), then
+by the method's own downlink check; anything hostile is a WireError with its reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mqttfl.algorithms.base import ClientSide
+from mqttfl.bus.transport import Incoming
+from mqttfl.config import RunConfig
+from mqttfl.errors import WireError
+from mqttfl.wire import Topics
+from mqttfl.wire.control import (
+    Downlink,
+    Offline,
+    RoundStart,
+    RunStatus,
+    read_run_status,
+    read_start,
+    read_status,
+)
+from mqttfl.wire.ids import BROADCAST
+from mqttfl.wire.resend import Resend, read_downlink_or_resend
+
+
+@dataclass(frozen=True)
+class Received:
+    """A validated message and when it arrived (monotonic)."""
+
+    message: RoundStart | RunStatus | Downlink | Resend
+    topic_client: str | None
+    size: int
+    received: float
+
+
+def read_for_client(
+    incoming: Incoming, *, config: RunConfig, client_id: str, method: ClientSide
+) -> Received | Offline | None:
+    """The validated message; an ``offline`` said about this client (to be answered);
+    None for what needs no action. WireError for anything hostile."""
+    if incoming.error is not None:  # chunks that could not be put together
+        raise incoming.error
+    where = Topics(config.run_id).parse(incoming.topic)
+    run, size = config.run_id, len(incoming.payload)
+    message: RoundStart | RunStatus | Downlink | Resend
+    if where.kind == "status":
+        if where.client == client_id and incoming.payload:
+            status = read_status(incoming.payload, run_id=run, client=client_id)
+            if isinstance(status, Offline):
+                return status
+        return None
+    if where.kind == "start" and where.round is not None:
+        message = read_start(incoming.payload, run_id=run, round=where.round)
+    elif where.kind == "state":
+        message = read_run_status(incoming.payload, run_id=run)
+    elif where.kind == "down" and where.round is not None and where.client is not None:
+        if where.client not in (BROADCAST, client_id):
+            raise WireError("topic", f"a downlink for {where.client!r} reached {client_id!r}")
+        message = read_downlink_or_resend(
+            incoming.payload, run_id=run, round=where.round, client=where.client
+        )
+    else:
+        raise WireError("topic", f"a client does not take {where.kind} messages")
+    if message.round > config.rounds:
+        raise WireError("range", f"round {message.round} is beyond the run's {config.rounds}")
+    if (
+        isinstance(message, RunStatus)
+        and message.phase == "finished"
+        and message.round < config.rounds
+    ):
+        raise WireError("range", f"'finished' after round {message.round} of {config.rounds}")
+    if isinstance(message, Downlink):
+        check_downlink(method, message, personal=where.client != BROADCAST)
+    return Received(message, where.client, size, incoming.received)
+
+
+def check_downlink(method: ClientSide, downlink: Downlink, *, personal: bool) -> None:
+    """The method's own check of a downlink's shapes; any failure is the input's fault."""
+    try:
+        if personal:
+            method.check_downlink({}, dict(downlink.body))
+        else:
+            method.check_downlink(dict(downlink.body), None)
+    except WireError:
+        raise
+    except Exception as exc:  # the method's check failed on the input: the input is bad
+        raise WireError("downlink", f"{type(exc).__name__}: {exc}"[:300]) from None
