@@ -43,6 +43,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     make_context(config)  # fail on a bad [method] table before starting anything
     check_models(config)
+    from mqttfl.data.shapes import check_sample_shapes
+
+    check_sample_shapes(config)  # every client's model takes its shard's samples
     # Check --broker here, once, rather than in each of the children it is passed to.
     broker = broker_url(args.broker) if args.broker else None
     out = make_dir(args.out or default_out_dir(config), what="--out")

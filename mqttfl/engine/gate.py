@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from mqttfl.algorithms.base import Algorithm, ClientInfo, Context, Upload
 from mqttfl.errors import RejectedUpload, WireError
+from mqttfl.models.names import MODEL_NAMES
+from mqttfl.models.sizes import shape_problem
 from mqttfl.wire import PayloadSchema
 from mqttfl.wire.control import read_envelope
 
@@ -50,6 +52,11 @@ class UploadGate:
         """The method's upload schema for this client; WireError if its announcement
         (an unknown model, an impossible sample shape) leaves the method nothing to accept."""
         key = (info.client_id, info.arch, info.sample_shape)
+        problem = None
+        if info.arch in MODEL_NAMES:  # (a method may take uploads of a model it never sees)
+            problem = shape_problem(info.arch, info.sample_shape)
+        if problem is not None:  # it would fail at every round start
+            raise WireError("client_info", problem)
         if key not in self._schemas:
             try:
                 self._schemas[key] = self.algorithm.upload_schema(self.ctx, info)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.config import load_config
+from mqttfl.data.shapes import sample_shape_problem
 from mqttfl.errors import MqttflError
 from mqttfl.evaluation.compare_entries import (
     SETTINGS,
@@ -88,14 +89,16 @@ def compare(plan: ComparePlan) -> int:
     configure_logging(out / "compare.jsonl", level="info", console_level="warning")
     log = get_logger(client_id="compare")
     results = []
+    cannot: dict[tuple[str, str], str | None] = {}
     for index, (setting, method, seed) in enumerate(runs, start=1):
         began = time.monotonic()
-        result = run_one(
-            plan.config,
-            run_overrides(plan.overrides, setting, method, seed),
-            RunResult(setting, method, seed, out / setting / method / f"seed-{seed}"),
-            resume=plan.resume,
-        )
+        overrides = run_overrides(plan.overrides, setting, method, seed)
+        result = RunResult(setting, method, seed, out / setting / method / f"seed-{seed}")
+        if (setting, method) not in cannot:  # a model that cannot take the data's samples
+            cannot[(setting, method)] = sample_shape_problem(load_config(plan.config, overrides))
+        result.absent = cannot[(setting, method)]
+        if result.absent is None:
+            result = run_one(plan.config, overrides, result, resume=plan.resume)
         results.append(result)
         seconds = round(time.monotonic() - began, 1)
         log.info(
@@ -111,6 +114,8 @@ def compare(plan: ComparePlan) -> int:
         status = (
             f"failed: {result.error}"
             if result.error
+            else f"absent: {result.absent}"
+            if result.absent
             else (
                 f"acc {result.metrics['accuracy']:.4f}  f1 {result.metrics['f1']:.4f}  "
                 f"mae {result.metrics['mae']:.3f}  {result.metrics['kb']:.1f} KB"
@@ -157,6 +162,7 @@ def compare(plan: ComparePlan) -> int:
                         "metrics": r.metrics,
                         "curve": {str(t): a for t, a in r.curve.items()},
                         "error": r.error,
+                        "absent": r.absent,
                     }
                     for r in results
                 ],

@@ -53,6 +53,7 @@ class RunResult:
     curve: dict[int, float] = field(default_factory=dict)  # round -> mean client accuracy
     error: str | None = None
     resumed: bool = False
+    absent: str | None = None  # why it cannot run on this data (not run, not a failure)
 
 
 def run_overrides(base: list[str], setting: str, method: str, seed: int) -> list[str]:

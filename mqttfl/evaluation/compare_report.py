@@ -33,7 +33,10 @@ def aggregate(
             done = [
                 r
                 for r in results
-                if r.method == method and r.setting == setting and r.error is None
+                if r.method == method
+                and r.setting == setting
+                and r.error is None
+                and r.absent is None
             ]
             row: dict[str, Any] = {
                 "method": method,
@@ -46,6 +49,14 @@ def aggregate(
                     for r in results
                     if r.method == method and r.setting == setting and r.error is not None
                 ],
+                "absent": next(
+                    (
+                        r.absent
+                        for r in results
+                        if r.method == method and r.setting == setting and r.absent
+                    ),
+                    None,
+                ),
             }
             if done:
                 row.update({k: _mean_std([r.metrics[k] for r in done]) for k in METRICS})
@@ -98,7 +109,12 @@ def markdown_table(
         model = pinned_model(method)
         cells = [method + (" *" if model else "")]
         for setting in settings:
-            cells += [_cell(by_key[(method, setting)], k) for k in METRICS]
+            row = by_key[(method, setting)]
+            if row.get("absent") and not row["runs"]:
+                cells += ["absent"] * len(METRICS)
+                notes.append(f"{method} is absent in {SETTINGS[setting][0]}: {row['absent']}.")
+            else:
+                cells += [_cell(row, k) for k in METRICS]
         lines.append("| " + " | ".join(cells) + " |")
         if method in REQUIRED_MODEL:
             notes.append(f"\\* {method} needs model `{model}` and runs with it in every setting.")

@@ -92,3 +92,37 @@ def weight_count(arch: str, *, num_classes: int, embed_dim: int, input_dim: int 
     if arch == "transformer":
         return _transformer(embed_dim, num_classes)
     raise ValueError(f"unknown model {arch!r}; known: {', '.join(MODEL_NAMES)}")
+
+
+# --- what each model takes: the sample shape, without torch ------------------------------
+# ConvNet4s, the CNN and the transformer take windows (T, S) or (1, T, S); the MLP takes
+# feature vectors (it is built for their length).
+_WINDOW_MODELS = ("tiny", "middle", "large", "cnn", "transformer")
+_TAKES = {"window": "windows (T, S) or (1, T, S)", "vector": "feature vectors (N,)"}
+
+
+def _kind(shape: tuple[int, ...]) -> str | None:
+    if len(shape) == 1:
+        return "vector"
+    if len(shape) == 2 or (len(shape) == 3 and shape[0] == 1):
+        return "window"
+    return None
+
+
+def takes_shape(arch: str, sample_shape: tuple[int, ...]) -> bool:
+    """Whether model ``arch`` can be built for, and run on, samples of this shape."""
+    kind = _kind(tuple(sample_shape))
+    if arch == "mlp":
+        return kind == "vector"
+    return arch in _WINDOW_MODELS and kind == "window"
+
+
+def shape_problem(arch: str, sample_shape: tuple[int, ...]) -> str | None:
+    """One line naming the model, the shape and a model that fits; None when it fits."""
+    shape = tuple(int(n) for n in sample_shape)
+    if takes_shape(arch, shape):
+        return None
+    takes = _TAKES["vector" if arch == "mlp" else "window"]
+    fits = [name for name in MODEL_NAMES if takes_shape(name, shape)]
+    hint = f"; a model that fits: {fits[0]!r}" if fits else "; no model takes it"
+    return f"model {arch!r} takes {takes}, but the samples have shape {shape}{hint}"

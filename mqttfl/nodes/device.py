@@ -36,6 +36,9 @@ def build_client_side(
     so every client of an architecture starts from the same weights; builds in one
     process must therefore not interleave.
     """
+    from mqttfl.data.shapes import check_shard_shape
+
+    check_shard_shape(config, client_id, shard)  # one clear line, not a torch traceback
     arch = config.model.arch_for(client_number(client_id))
     torch.manual_seed(config.seed)  # identical initial weights per architecture
     sample_shape = tuple(int(n) for n in shard.x_train.shape[1:])

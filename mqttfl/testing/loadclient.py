@@ -62,6 +62,7 @@ def load_ids(count: int, prefix: str = "load") -> list[str]:
 
 UploadKind = Literal["prototypes", "weights"]
 LOAD_SAMPLES = 50  # what each simulated device announces
+LOAD_SIDE = 8  # and the side of its samples
 
 
 def weights_upload(
@@ -146,10 +147,15 @@ class LoadFleet:
         self.upload = upload
         # A weight-sharing upload is the config's model; prototypes need no model at all.
         self.arch = config.model.name if upload == "weights" else "load"
+        # A sample shape the model takes (the coordinator checks it): windows, or vectors.
+        self.sample_shape = (LOAD_SIDE,) if self.arch in ("load", "mlp") else (LOAD_SIDE,) * 2
         model = config.model
         self.weights_length = (
             weight_count(
-                model.name, num_classes=model.num_classes, embed_dim=model.embed_dim, input_dim=1
+                model.name,
+                num_classes=model.num_classes,
+                embed_dim=model.embed_dim,
+                input_dim=LOAD_SIDE,
             )
             if upload == "weights"
             else 0
@@ -169,7 +175,7 @@ class LoadFleet:
         size = min(k, self.classes_each)
         classes = sorted(int(c) for c in self.rng.choice(k, size=size, replace=False))
         run = self.config.run_id
-        info = ClientInfo(cid, self.arch, tuple(classes), LOAD_SAMPLES, (1,))
+        info = ClientInfo(cid, self.arch, tuple(classes), LOAD_SAMPLES, self.sample_shape)
         bus = Bus(
             broker,
             identifier=f"mqttfl-{run}-load-{cid}",
