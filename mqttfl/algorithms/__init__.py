@@ -15,6 +15,7 @@ from mqttfl.algorithms.base import (
     Upload,
 )
 from mqttfl.errors import ConfigError
+from mqttfl.models.names import model_for
 
 _REGISTRY: dict[str, Algorithm] = {}
 
@@ -62,8 +63,9 @@ def check_models(config: Any) -> None:
     if required is None:
         return
     key = "model.per_client" if config.model.per_client else "model.name"
-    for client_id in range(config.federation.num_clients):
-        arch = config.model.arch_for(client_id)
+    for index in range(config.federation.num_clients):
+        client_id = str(index)  # the ids `mqttfl run` gives its clients
+        arch = model_for(config.model, client_id)
         if arch != required:
             raise ConfigError(
                 key,
@@ -77,12 +79,42 @@ def own_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
     return _own_params(get_algorithm(method), params)
 
 
+#: In ``[method]``: the methods whose keys a config shared by several methods holds.
+SHARED_WITH = "shared_with"
+
+
 def _own_params(algorithm: Algorithm, params: dict[str, Any]) -> dict[str, Any]:
-    """Drop keys that belong to another registered method, so one config can be run with
-    ``--set method=fedavg``; a key no method knows still fails as unknown."""
+    """The keys of ``[method]`` that ``algorithm`` reads.
+
+    A key of another method is an error naming it, unless the table says it serves that
+    method too (``shared_with = ["fedapa", "fedali"]``, beside the keys: one config file
+    that `mqttfl compare` runs with several methods); such a key is left out here. A key
+    no method knows fails as unknown when the method validates its table.
+    """
+    shared = params.get(SHARED_WITH, [])
+    if not isinstance(shared, list) or not all(isinstance(m, str) for m in shared):
+        raise ConfigError(f"method.{SHARED_WITH}", "must be a list of method names")
+    unknown = sorted(set(shared) - set(_REGISTRY))
+    if unknown:
+        raise ConfigError(
+            f"method.{SHARED_WITH}",
+            f"unknown methods {unknown}; known: {', '.join(algorithm_names())}",
+        )
     own = set(algorithm.params.model_fields)
-    others = {key for alg in _REGISTRY.values() for key in alg.params.model_fields} - own
-    return {key: value for key, value in params.items() if key not in others}
+    kept = {}
+    for key, value in params.items():
+        if key == SHARED_WITH:
+            continue
+        owners = [a.name for a in _REGISTRY.values() if key in a.params.model_fields]
+        if key in own or not owners:
+            kept[key] = value
+        elif not set(owners) & set(shared):
+            raise ConfigError(
+                f"method.{key}",
+                f"a key of {', '.join(owners)}, not of {algorithm.name}; a config shared by "
+                f"several methods lists them in method.{SHARED_WITH}",
+            )
+    return kept
 
 
 def _register_modules(*modules: ModuleType) -> None:

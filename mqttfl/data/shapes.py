@@ -13,13 +13,13 @@ from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.data.sources import load_client_shard
 from mqttfl.errors import ConfigError
+from mqttfl.models.names import model_for
 from mqttfl.models.sizes import shape_problem
-from mqttfl.wire.ids import client_number
 
 
 def shard_shape_problem(config: RunConfig, client_id: str, shard: Shard) -> str | None:
     """Why client ``client_id``'s model cannot take ``shard``'s samples (None if it can)."""
-    arch = config.model.arch_for(client_number(client_id))
+    arch = model_for(config.model, client_id)
     problem = shape_problem(arch, tuple(int(n) for n in shard.x_train.shape[1:]))
     return None if problem is None else f"client {client_id}: {problem}"
 
@@ -41,11 +41,11 @@ def sample_shape_problem(config: RunConfig) -> str | None:
     why; one shard is loaded per architecture in use."""
     seen: set[str] = set()
     for index in range(config.federation.num_clients):
-        arch = config.model.arch_for(index)
+        client = str(index)
+        arch = model_for(config.model, client)
         if arch in seen:
             continue
         seen.add(arch)
-        client = str(index)
         shard = load_client_shard(
             config.data,
             client,

@@ -20,7 +20,8 @@ The key is a SHA-256 over everything that decides the result (:func:`reference_k
 the ``[data]``, ``[model]`` and ``[train]`` tables, ``rounds``, ``seed``, the
 federation's ``num_clients``, ``fraction`` and ``min_clients`` (which clients train in
 which round), a digest of each client's shard arrays, the source of the modules that
-build and train a Local client (:data:`CODE`), and the numpy and torch versions. Not in
+build, select and train a Local client (every package file its code path imports, from
+the import graph: :func:`code_files`), and the numpy and torch versions. Not in
 it: the method and its parameters, the broker, the run id, logging. So a second run of
 the same federation, with any method, reuses the reference; a new seed, shard or
 model trains a new one.
@@ -46,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mqttfl.engine.journal import LAST_ROUNDS, mean_over_clients, summarize_clients, write_atomic
+from mqttfl.evaluation.imports import import_closure
 from mqttfl.logs import get_logger
 from mqttfl.wire.ids import client_order
 
@@ -55,16 +57,10 @@ if TYPE_CHECKING:
 
 #: bump when the cached file or the meaning of the reference changes
 REFERENCE_FORMAT = 1
-#: the package's code that decides what a Local client learns (the data's is covered by
-#: the shard digests); its bytes are part of the key
-CODE = (
-    "models",
-    "training",
-    "algorithms/base.py",
-    "algorithms/local.py",
-    "nodes/device.py",
-    "evaluation/reference.py",
-)
+#: the module whose code path decides what a Local client learns: every package file it
+#: imports (:func:`~mqttfl.evaluation.imports.import_closure`) is part of the key (the
+#: data's own files are covered by the shard digests)
+CODE_ROOT = "mqttfl.evaluation.reference"
 METRICS = ("accuracy", "f1", "mae")
 WHAT = (
     "method local (every client trains alone) on the same shards, model, initial weights, "
@@ -117,14 +113,18 @@ def shard_digest(shard: Shard) -> str:
     return digest.hexdigest()
 
 
-def code_digest() -> str:
-    package = Path(__file__).resolve().parents[1]
+def code_files(package: Path | None = None) -> list[Path]:
+    """The package's source files that a Local reference's code path imports."""
+    package = package or Path(__file__).resolve().parents[1]
+    return import_closure(CODE_ROOT, package)
+
+
+def code_digest(package: Path | None = None) -> str:
+    package = package or Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for name in CODE:
-        path = package / name
-        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            digest.update(file.relative_to(package).as_posix().encode() + b"\0")
-            digest.update(file.read_bytes())
+    for file in code_files(package):
+        digest.update(file.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(file.read_bytes())
     return digest.hexdigest()
 
 
