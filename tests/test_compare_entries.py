@@ -82,8 +82,10 @@ def test_a_finished_run_is_reused_whatever_other_methods_keys_the_config_gains(
 
     ran = load_config("configs/fedapa-csi.toml", ["method=fedapa"])
     (tmp_path / "summary.json").write_text(json.dumps({"config": ran.recorded()}))
+    # A key for another method comes with that method in the table's shared_with.
+    shared = 'method.shared_with=["fedapa", "fedali", "fedpam", "fedsap"]'
     for other in ("method.pam_lr=0.05", "method.local_lr=0.1", "method.sap_lambda_max=0.5"):
-        with_other = load_config("configs/fedapa-csi.toml", ["method=fedapa", other])
+        with_other = load_config("configs/fedapa-csi.toml", ["method=fedapa", shared, other])
         assert with_other.recorded() != ran.recorded()
         assert finished_summary(tmp_path, with_other) is not None, other
     own = load_config("configs/fedapa-csi.toml", ["method=fedapa", "method.tau=0.25"])

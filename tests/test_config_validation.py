@@ -72,3 +72,20 @@ def test_min_clients_above_num_clients_names_the_key() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(CONFIG, ["federation.num_clients=3", "federation.min_clients=4"])
     assert info.value.key == "federation.min_clients"
+
+
+def test_a_key_of_another_method_is_an_error_unless_the_table_is_shared_with_it() -> None:
+    from mqttfl.algorithms import make_context
+
+    with pytest.raises(ConfigError, match=r"'method.pam_lr': a key of fedpam, not of fedapa"):
+        make_context(load_config("configs/fedapa-csi.toml", ["method.pam_lr=0.1"]))
+    with pytest.raises(ConfigError, match=r"'method.tua': unknown key"):  # a typo
+        make_context(load_config("configs/fedapa-csi.toml", ["method.tua=0.1"]))
+    with pytest.raises(ConfigError, match=r"'method.shared_with': unknown methods \['fedx'\]"):
+        make_context(load_config("configs/fedapa-csi.toml", ['method.shared_with=["fedx"]']))
+    # The shipped configs say whose keys they carry: every method runs on each of them.
+    shared = 'method.shared_with=["fedapa", "fedali", "fedpam"]'
+    ctx = make_context(load_config("configs/fedapa-csi.toml", [shared, "method.pam_lr=0.1"]))
+    assert "pam_lr" not in ctx.params.model_fields_set
+    for method in ("fedavg", "fedpam", "fedali", "fedsap", "local"):
+        make_context(load_config("configs/fedapa-csi.toml", [f"method={method}"]))
