@@ -211,3 +211,25 @@ def test_the_engine_reads_only_its_injected_clock() -> None:
     fed.run()
     assert fed.clock.now == pytest.approx(opened + fed.config.federation.round_timeout_s)
     assert fed.announced[0].start.timeout_s == fed.config.federation.round_timeout_s
+
+
+def test_a_straggler_late_upload_is_stale_and_it_catches_up_the_next_round() -> None:
+    """The logic of the process-level straggler drill, on the injected clock: a client that
+    acknowledged a round but uploads only after its deadline is missing, then late (stale),
+    and is accepted again the next round; however slow the machine."""
+    fed = Federation("fedavg", clients=3, rounds=2, arch="tiny")
+    fed.silent.add("2")  # acknowledges round 1, uploads nothing before the deadline
+    opened = fed.clock.now
+    assert closed_at(fed, 1) == pytest.approx(opened + fed.config.federation.round_timeout_s)
+    assert fed.closed[0].log["missing"] == ["2"]
+    fed.silent.discard("2")  # (round 2 is already open: it answers the next start)
+    straggler = fed.clients[2]
+    straggler.train(1, {}, np.random.default_rng(0))
+    with pytest.raises(RejectedUpload) as late:
+        fed.send_upload(1, "2", straggler.make_upload(1))
+    assert late.value.reason == "stale" and "after it closed" in late.value.detail
+    fed.send_upload(2, "2", straggler.make_upload(2))  # round 2: on time, accepted
+    fed.run()
+    assert fed.closed[1].log["missing"] == []
+    assert fed.summary is not None and fed.summary["rejections"] == {"stale": 1}
+    assert fed.summary["missing_uploads"] == 1
