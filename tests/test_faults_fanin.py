@@ -56,11 +56,13 @@ def test_fan_in_of_100_simultaneous_uploads(broker: LocalBroker, tmp_path: Path)
     dropped = [int(m.payload) for m in witness.seen(lambda m: m.topic == DROPPED)]
     assert dropped and set(dropped) == {0}
     assert summary["rejections"] == {} and summary["missing_uploads"] == 0
-    # FedAPA's bounded downlink (k=8 < N-1): a client receives S (k+1 sets) in the
-    # broadcast and Q_i plus its own set in its personal one, for any N; P of all N sets
+    # FedAPA's bounded downlink (N > k+1): a client receives the stratified sample (40
+    # sets, int8, a float32 scale per set and class) in the broadcast and Q_i, its own set
+    # and at most one alternate (float32) in its personal one, for any N; P of all N sets
     # would be N·C·d·4 = 134 KB here.
-    k, c, d = 8, 21, 16
-    bound = (k + 3) * c * d * 4 + 2048 + 10 * n  # the sets, framing, the broadcast's id list
+    strata, c, d = 40, 21, 16
+    sets = strata * (c * d + c * 4) + 3 * c * d * 4
+    bound = sets + 2048 + 10 * n  # the sets, framing, the broadcast's id list
     for t in range(1, rounds + 1):
         down = witness.seen(lambda m, t=t: topic_parts(m.topic)[:3] == ["round", str(t), "down"])
         broadcast = [len(m.payload) for m in down if m.topic.endswith("/all") and m.payload]

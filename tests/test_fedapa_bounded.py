@@ -1,8 +1,10 @@
-"""FedAPA's bounded downlink: one shared sample of k+1 sets plus each client's own, an
-unbiased estimate of Eq. 10."""
+"""FedAPA's bounded downlink: one shared sample plus each client's own set, an unbiased
+estimate of Eq. 10; stratified (one set per stratum of similar sets, int8) by default,
+uniform (k+1 sets, float32) on request."""
 
 from __future__ import annotations
 
+import itertools
 from itertools import combinations
 
 import numpy as np
@@ -16,6 +18,12 @@ from mqttfl.algorithms.fedapa import (
     prototype_contrast,
     sample_weights,
     shared_sample,
+)
+from mqttfl.algorithms.peer_sampling import (
+    dequantize_sets,
+    quantize_sets,
+    set_strata,
+    strata_weights,
 )
 from mqttfl.wire.control import encode_downlinks
 from tests.inprocess import Federation
@@ -32,8 +40,9 @@ def _uploads(n: int, c: int, d: int) -> list[Upload]:
     return uploads
 
 
-def _server(c: int, d: int, k: int) -> FedAPAServer:
-    return FedAPAServer(Context(c, d, 10, 0, FedAPAParams(max_peer_sets=k)))
+def _server(c: int, d: int, k: int, sampling: str = "uniform") -> FedAPAServer:
+    params = FedAPAParams(max_peer_sets=k, sampling=sampling)  # type: ignore[arg-type]
+    return FedAPAServer(Context(c, d, 10, 0, params))
 
 
 def test_up_to_k_plus_one_clients_get_every_set_once_exactly_as_the_paper() -> None:
@@ -83,6 +92,65 @@ def test_the_sampled_contrast_is_an_unbiased_estimate_of_eq_10() -> None:
     )
 
 
+def test_stratified_weights_are_unbiased_for_every_client() -> None:
+    """Over every draw of representatives and alternates, each peer's expected weight in
+    client i's L_c is exactly 1/N, and its own set's is 1/N: Eq. 10's mean."""
+    labels = np.array([0, 0, 0, 1, 1, 2, 0, 1])  # strata of 4, 3 and 1 sets
+    n = len(labels)
+    members = [np.flatnonzero(labels == s) for s in range(3)]
+    for row in range(n):
+        expected = np.zeros(n)
+        draws = list(itertools.product(*members))
+        for reps in draws:
+            alts_options = [[a for a in members[s] if a != reps[s]] or [-1] for s in range(3)]
+            for alts in itertools.product(*alts_options):
+                p = 1.0 / len(draws) / np.prod([len(o) for o in alts_options])
+                weights, extra = strata_weights(labels, np.array(reps), np.array(alts), row)
+                assert weights.sum() == pytest.approx(1.0)
+                expected[row] += p * weights[0]
+                for s, rep_ in enumerate(reps):
+                    expected[rep_] += p * weights[1 + s]
+                if extra is not None:
+                    expected[extra] += p * weights[-1]
+        np.testing.assert_allclose(expected, np.full(n, 1 / n), rtol=1e-6)
+
+
+def test_strata_group_similar_sets_and_the_int8_sets_round_trip() -> None:
+    rng = np.random.default_rng(0)
+    centers = rng.standard_normal((3, 4, 8))
+    sets = np.concatenate([c + 0.01 * rng.standard_normal((5, 4, 8)) for c in centers])
+    labels = set_strata(sets.astype(np.float32), 3, seed=0, t=1)
+    assert sorted(np.bincount(labels).tolist()) == [5, 5, 5]  # one stratum per group
+    assert len(set(labels[:5])) == len(set(labels[5:10])) == 1
+    assert set_strata(sets, 3, seed=0, t=1).tolist() == labels.tolist()  # seeded
+    quantized, scale = quantize_sets(sets.astype(np.float32))
+    assert quantized.dtype == np.int8 and scale.shape == (15, 4)
+    error = np.abs(dequantize_sets(quantized, scale) - sets).max(axis=2)
+    assert (error <= scale * 0.5 + 1e-6).all()
+
+
+def test_above_k_plus_one_the_stratified_downlink_stays_under_300_kb() -> None:
+    c, d, k = 21, 256, 8
+    for n in (12, 60):
+        down = _server(c, d, k, "strata").aggregate(1, _uploads(n, c, d))
+        assert down.broadcast["prototypes_int8"].shape == (min(n, 40), c, d)
+        payloads = encode_downlinks("r", 1, down.broadcast, down.personal)
+        biggest = len(payloads.broadcast) + max(len(p) for p in payloads.personal.values())
+        assert biggest <= 300_000
+        for body in down.personal.values():
+            sets = 1 + min(n, 40) + len(body.get("extra", []))
+            assert body["set_weights"].shape == (sets,)
+            assert body["set_weights"].sum() == pytest.approx(1.0)
+
+
+def test_a_federation_trains_on_stratified_int8_sets() -> None:
+    fed = Federation("fedapa", clients=5, rounds=2, max_peer_sets=2, strata=3).run()
+    client = fed.clients[0]
+    assert client.p is not None and client.p.dtype == torch.float32
+    assert client.p.shape[0] in (4, 5)  # own set, 3 representatives (and an alternate)
+    assert client.p_weights is not None and float(client.p_weights.sum()) == pytest.approx(1.0)
+
+
 def test_above_k_plus_one_every_downlink_stays_under_the_bound() -> None:
     c, d, k = 21, 256, 8
     for n in (12, 40):
@@ -97,14 +165,14 @@ def test_above_k_plus_one_every_downlink_stays_under_the_bound() -> None:
 
 
 def test_a_federation_above_the_bound_trains_on_sampled_sets() -> None:
-    fed = Federation("fedapa", clients=5, rounds=2, max_peer_sets=2).run()
+    fed = Federation("fedapa", clients=5, rounds=2, max_peer_sets=2, sampling="uniform").run()
     client = fed.clients[0]
     assert client.p is not None and client.p.shape[0] == 4  # own set + a sample of 3
     assert client.p_weights is not None and float(client.p_weights.sum()) == pytest.approx(1.0)
 
 
 def test_sample_weights_that_do_not_fit_the_broadcast_sample_drop_l_c_for_the_round() -> None:
-    fed = Federation("fedapa", clients=5, rounds=1, max_peer_sets=2).run()
+    fed = Federation("fedapa", clients=5, rounds=1, max_peer_sets=2, sampling="uniform").run()
     client = fed.clients[0]
     c, d = client.ctx.num_classes, client.ctx.embed_dim
     broadcast = {

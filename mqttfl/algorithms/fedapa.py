@@ -14,12 +14,16 @@ follows the cosine warm-up of Eq. 11 (Algorithm 2).
 **Bounded downlinks.** Eq. 10's L_c needs P, every client's padded set: N·C·d·4 bytes
 per client-round, N² in all (2.15 MB per client at N=100, C=21, d=256). With more than
 k+1 uploads in a round (k = ``max_peer_sets``), the broadcast instead carries one sample
-S of k+1 padded sets, drawn uniformly without replacement from all N (seeded by run and
-round), the same for every client; client i's personal downlink adds its own set P_i and
-the weights of its L_c: 1/N for P_i, (N-1)/(N·m) for each of the m members of S other
-than i, 0 for itself if drawn. Given m, S∖{i} is a uniform m-subset of i's peers, so
-the weighted L_c is an unbiased estimate of Eq. 10's (1/N)·Σ_j for every client. A client
-receives k+3 sets (S, P_i, Q_i): 236.5 KB at k=8, C=21, d=256, for any N. One shared
+S of k+1 padded sets, the same for every client; client i's personal downlink adds its
+own set P_i and the weights of its L_c, an unbiased estimate of Eq. 10's (1/N)·Σ_j. By
+default S is stratified (:mod:`mqttfl.algorithms.peer_sampling`: one set per stratum of
+similar sets, ``strata`` of them, weighted by the stratum's share of i's peers; a client
+that represents its own stratum also gets one more member of it), sent as int8 with a
+scale per set and class, which leaves only the spread within strata to chance (the
+deviation from exact Eq. 10 is measured by benchmarks/bench_fedapa_deviation.py; table in
+BENCHMARKS.md). With ``sampling = "uniform"``, S is k+1 sets drawn uniformly without
+replacement from all N (seeded by run and round), as float32, weighted 1/N for P_i,
+(N-1)/(N·m) for each of the m members of S other than i, 0 for itself if drawn. One shared
 sample rather than one per client because the coordinator then encodes, checkpoints and
 publishes S once and two sets per client (43 MB at N=1000, not 237 MB), and the broker
 fans the broadcast out; each client's estimate is as unbiased as with its own sample.
@@ -50,6 +54,13 @@ from mqttfl.algorithms.base import (
     ServerSide,
     Upload,
     expect_array,
+)
+from mqttfl.algorithms.peer_sampling import (
+    dequantize_sets,
+    quantize_sets,
+    set_strata,
+    strata_weights,
+    stratified_sample,
 )
 from mqttfl.errors import WireError
 from mqttfl.logs import get_logger
@@ -86,6 +97,12 @@ class FedAPAParams(BaseModel):
     use_client_prototypes: bool = True
     # k: above k+1 uploads, the broadcast carries k+1 sampled sets, not all N
     max_peer_sets: int = Field(8, ge=1)
+    # How the sets are drawn above k+1 uploads: one per stratum of similar sets, for
+    # `strata` strata, sent as int8 with per-class scales (low variance, see
+    # mqttfl.algorithms.peer_sampling; 40 keep a client's downlink under 300 KB at C=21,
+    # d=256); or k+1 uniformly, as float32 (the earlier design, kept for comparison).
+    sampling: Literal["strata", "uniform"] = "strata"
+    strata: int = Field(40, ge=1)
 
 
 def warmup_length(rounds: int, warmup_rounds: int | None) -> int:
@@ -274,7 +291,19 @@ class FedAPAServer(ServerSide):
         n, k = len(uploads), p.max_peer_sets
         if p.use_client_prototypes and n <= k + 1:
             broadcast["prototypes"] = padded  # exact Eq. 10: every set, once
-        elif p.use_client_prototypes:  # bounded: one shared sample, own set and weights
+        elif p.use_client_prototypes and p.sampling == "strata":  # bounded, stratified
+            labels = set_strata(padded, p.strata, seed=self.ctx.seed, t=t)
+            reps, alts = stratified_sample(labels, seed=self.ctx.seed, t=t)
+            broadcast["prototypes_int8"], broadcast["prototypes_scale"] = quantize_sets(
+                padded[reps]
+            )
+            for row, upload in enumerate(uploads):
+                weights, extra = strata_weights(labels, reps, alts, row)
+                body = {"own": padded[row], "set_weights": weights}
+                if extra is not None:
+                    body["extra"] = padded[extra][None]
+                personal[upload.client_id] = body
+        elif p.use_client_prototypes:  # bounded: one uniform sample, own set and weights
             sample = shared_sample(n, k + 1, seed=self.ctx.seed, t=t)
             broadcast["prototypes"] = padded[sample]
             for row, upload in enumerate(uploads):
@@ -329,10 +358,17 @@ class FedAPAClient(ClientSide):
         c, d = self.ctx.num_classes, self.ctx.embed_dim
         expect_array(broadcast, "available", (c,), kind="biu")
         expect_array(broadcast, "prototypes", (None, c, d))
+        quantized = expect_array(broadcast, "prototypes_int8", (None, c, d), kind="i")
+        scale = expect_array(broadcast, "prototypes_scale", (None, c))
+        if (quantized is None) != (scale is None) or (
+            quantized is not None and scale is not None and len(quantized) != len(scale)
+        ):
+            raise WireError("missing_field", "int8 sets come with one scale per set and class")
         expect_array(broadcast, "global", (c, d))
         mine = personal or {}
         expect_array(mine, "q", (c, d))
         own = expect_array(mine, "own", (c, d))
+        expect_array(mine, "extra", (None, c, d))
         weights = expect_array(mine, "set_weights", (None,))
         if (own is None) != (weights is None):
             raise WireError("missing_field", "the own set comes with the sample's weights")
@@ -345,10 +381,13 @@ class FedAPAClient(ClientSide):
         self.available = torch.from_numpy(broadcast["available"].astype(bool))
         self.p, self.p_weights = None, None
         sets = broadcast.get("prototypes")
-        if personal is not None and "own" in personal:  # a sample S: [P_i, *S], weighted
+        if "prototypes_int8" in broadcast:
+            sets = dequantize_sets(broadcast["prototypes_int8"], broadcast["prototypes_scale"])
+        if personal is not None and "own" in personal:  # a sample: [P_i, *S, *extra], weighted
             weights = personal["set_weights"]
-            if sets is not None and len(weights) == len(sets) + 1:
-                self.p = torch.from_numpy(np.concatenate([personal["own"][None], sets]))
+            extra = personal.get("extra", np.zeros((0, *personal["own"].shape), np.float32))
+            if sets is not None and len(weights) == len(sets) + 1 + len(extra):
+                self.p = torch.from_numpy(np.concatenate([personal["own"][None], sets, extra]))
                 self.p_weights = torch.from_numpy(weights)
             else:
                 get_logger().warning(
