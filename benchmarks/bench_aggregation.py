@@ -74,7 +74,8 @@ def measure(quick: bool) -> list[dict[str, Any]]:
         uploads = make_uploads(n)
         protos, mask = stack_uploads(uploads, CLASSES, DIM)
         downlinks = server.aggregate(1, uploads)
-        assert len(downlinks.personal) == n and downlinks.personal["0"]["q"].shape == (CLASSES, DIM)
+        assert len(downlinks.personal) == n
+        assert downlinks.personal["0"]["q"].shape == (CLASSES, DIM)
         full_wall, full_cpu = _time(lambda uploads=uploads: server.aggregate(1, uploads), repeats)
         core_wall, core_cpu = _time(
             lambda protos=protos, mask=mask: aggregate_prototypes(protos, mask, tau=ctx.params.tau),

@@ -121,7 +121,7 @@ def run(quick: bool, methods: list[str] | None = None) -> dict[str, Any]:
             overrides += [f"model.name={arch}", "model.per_client=[]"]
         try:
             result = run_federation(CONFIG, overrides, WORK / f"bytes-{method}", sniff=True)
-        except Exception as exc:  # noqa: BLE001 - one failing method must not hide the others
+        except Exception as exc:
             log(f"bytes {method}: failed: {exc}")
             rows.append({"method": method, "error": str(exc)})
             continue

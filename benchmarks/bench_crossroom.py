@@ -242,7 +242,7 @@ def run(quick: bool) -> dict[str, Any]:
             except FileNotFoundError as missing:
                 results[name] = {"note": note, "absent": f"data missing: {missing}"}
                 break
-            sizes_of = [int(len(s.y_train)) for s in shards.values()]
+            sizes_of = [len(s.y_train) for s in shards.values()]
             per_seed.append(study(config, shards))
         else:
             results[name] = {

@@ -11,6 +11,7 @@ client) to the end. One federation at a time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import threading
 import time
@@ -73,10 +74,8 @@ class CountingProxy:
         except (ConnectionError, OSError):
             pass
         finally:
-            try:
+            with contextlib.suppress(RuntimeError):
                 writer.close()
-            except RuntimeError:
-                pass
 
     async def _handle(
         self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
@@ -239,7 +238,7 @@ def _federation_class() -> type:
     return Federation
 
 
-def _Federation(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - a lazily built class
+def _Federation(*args: Any, **kwargs: Any) -> Any:
     return _federation_class()(*args, **kwargs)
 
 

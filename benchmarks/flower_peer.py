@@ -21,11 +21,11 @@ import os
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # never phone home: loopback only
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ From benchmarks/: ``sys.path.insert(0, "<repo>/tests")`` then ``from faults impo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -86,10 +87,8 @@ def wait_for(
 
 
 def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 @dataclass

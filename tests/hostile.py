@@ -277,7 +277,7 @@ def expected_rejections(catalogue: tuple[Hostile, ...] = CATALOGUE) -> Counter[s
     return Counter(h.reason for h in catalogue)
 
 
-def CONTROL_CATALOGUE(scene: Scene) -> list[tuple[str, bytes, str]]:  # noqa: N802 - a table, like CATALOGUE
+def CONTROL_CATALOGUE(scene: Scene) -> list[tuple[str, bytes, str]]:
     """Hostile non-upload messages: (topic under mqttfl/<run>/, payload, reason). They are
     counted apart from upload rejections (summary.json's ``rejected_messages``)."""
     from mqttfl.algorithms.base import ClientInfo

@@ -9,6 +9,7 @@ announce themselves and never answer, ``dead`` ones left (their will fired).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -152,10 +153,8 @@ class Federation:
             client.train(t, dict(start.params), np.random.default_rng([t, int(cid)]))
             body = client.make_upload(t)
             schema.validate(body)  # the runner refuses to publish anything else
-            try:
+            with contextlib.suppress(RejectedUpload):
                 self.uploads.append(self.send_upload(t, cid, body))
-            except RejectedUpload:
-                pass
 
     def _deliver(self, close: Close) -> None:
         t = close.round

@@ -57,7 +57,8 @@ def test_sinkhorn_marginals_after_three_iterations() -> None:
         return float((plan.sum(dim=0) / 6.0 - 1).abs().max())
 
     spreads = [spread(sinkhorn(x @ p.T, epsilon=0.05, iterations=i)) for i in (1, 2, 3)]
-    assert spreads == sorted(spreads, reverse=True) and spreads[2] < 0.6
+    assert spreads == sorted(spreads, reverse=True)
+    assert spreads[2] < 0.6
     assert spread(torch.softmax(x @ p.T / 0.05, dim=1)) > spreads[2]
     converged = sinkhorn(x @ p.T, epsilon=0.05, iterations=200).sum(dim=0) / 6.0
     torch.testing.assert_close(converged, torch.ones(8), atol=1e-3, rtol=0)
@@ -115,8 +116,10 @@ def test_alp_training_aligns_with_global_and_updates_only_local_prototypes() -> 
     torch.testing.assert_close(layer.local, torch.tensor([[0.5, 1.0]]))  # 0.5·[0,2] + 0.5·[1,0]
     torch.testing.assert_close(layer.shared, torch.tensor([[0.0, -4.0]]))
     out.sum().backward()
-    assert x.grad is not None and layer.glu.weight.grad is not None
-    assert not layer.local.requires_grad and not layer.shared.requires_grad
+    assert x.grad is not None
+    assert layer.glu.weight.grad is not None
+    assert not layer.local.requires_grad
+    assert not layer.shared.requires_grad
 
 
 def test_alp_is_the_identity_until_prototypes_are_attached() -> None:
@@ -168,7 +171,8 @@ def test_kmeans_starts_from_the_sample_weighted_mean_of_local_prototypes() -> No
 def test_server_averages_weights_and_sends_global_prototypes_only() -> None:
     fed = Federation("fedali", arch="transformer", rounds=1).run()
     down = fed.server.aggregate(2, fed.uploads)
-    assert set(down.broadcast) == {"weights", "global"} and down.personal == {}
+    assert set(down.broadcast) == {"weights", "global"}
+    assert down.personal == {}
     assert set(down.broadcast["global"]) == {"0", "1"}
     assert down.broadcast["global"]["0"].shape == (64, 32)
     for upload in fed.uploads:
@@ -182,7 +186,8 @@ def test_server_averages_weights_and_sends_global_prototypes_only() -> None:
 def test_clients_start_from_the_same_prototypes_and_local_ones_drift_apart() -> None:
     fed = Federation("fedali", arch="transformer", rounds=1)
     a, b = fed.clients[0], fed.clients[1]
-    assert isinstance(a, FedAliClient) and isinstance(b, FedAliClient)
+    assert isinstance(a, FedAliClient)
+    assert isinstance(b, FedAliClient)
     torch.testing.assert_close(a.layers[0].local, b.layers[0].shared)
     fed.run()
     assert not torch.allclose(a.layers[0].local, b.layers[0].local)
@@ -248,7 +253,8 @@ def test_local_training_is_the_papers_adam_five_epochs_batch_64(
 
     monkeypatch.setattr(fedali, "train_epochs", record)
     client.train(1, {}, np.random.default_rng(0))
-    assert seen["epochs"] == 5 and seen["batch_size"] == 64
+    assert seen["epochs"] == 5
+    assert seen["batch_size"] == 64
     assert isinstance(seen["optimizer"], torch.optim.Adam)
     sgd = Federation("fedali", arch="transformer", rounds=1, local_optimizer="train").clients[0]
     sgd.train(1, {}, np.random.default_rng(0))

@@ -251,7 +251,9 @@ def test_receive_takes_the_personal_q_the_padded_p_and_the_available_classes() -
     down = FedAPAServer(ctx).aggregate(1, UPLOADS)
     client = _client()
     client.receive(1, down.broadcast, down.personal["1"])
-    assert client.q is not None and client.p is not None and client.available is not None
+    assert client.q is not None
+    assert client.p is not None
+    assert client.available is not None
     torch.testing.assert_close(
         client.q, torch.tensor([[1.0, 0.642398], [0.0, 1.0]]), atol=1e-6, rtol=0
     )
@@ -270,12 +272,16 @@ def test_receive_takes_the_personal_q_the_padded_p_and_the_available_classes() -
 def test_receive_prefers_the_broadcast_global_set_and_ignores_empty_downlinks() -> None:
     client = _client(FedAPAParams(aggregation="mean", use_client_prototypes=False))
     client.receive(1, {}, None)  # no aggregate yet (e.g. nobody uploaded)
-    assert client.q is None and client.p is None and client.available is None
+    assert client.q is None
+    assert client.p is None
+    assert client.available is None
     global_set = np.array([[1.0, 0.5], [0.0, 1.0]], np.float32)
     client.receive(1, {"available": np.array([1, 0], np.uint8), "global": global_set}, None)
-    assert client.q is not None and client.available is not None
+    assert client.q is not None
+    assert client.available is not None
     np.testing.assert_allclose(client.q.numpy(), global_set)
-    assert client.p is None and client.available.tolist() == [True, False]
+    assert client.p is None
+    assert client.available.tolist() == [True, False]
 
 
 # --- Eq. 7: the fast path against the materialized α of Eqs. 5-6 ---------------------------

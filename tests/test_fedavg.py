@@ -22,7 +22,7 @@ def test_weighted_average_uses_the_counts() -> None:
 
 
 def test_weighted_average_requires_one_positive_weight_per_vector() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="one positive weight per vector"):
         weighted_average([np.ones(2), np.ones(2)], [1])
 
 

@@ -84,7 +84,8 @@ def test_inference_uses_the_adjusted_head() -> None:
 def test_pam_lr_sets_the_step_of_every_fedpam_parameter_group() -> None:
     default = Federation("fedpam", clients=1, rounds=1).clients[0]
     steps = {g["lr"] for g in default.optimizer.param_groups}
-    assert len(steps) == 1 and 0.003 not in steps  # [train] lr for the model and P_k
+    assert len(steps) == 1
+    assert 0.003 not in steps
     client = Federation("fedpam", clients=1, rounds=1, pam_lr=0.003).clients[0]
     assert [g["lr"] for g in client.optimizer.param_groups] == [0.003, 0.003]
 

@@ -116,7 +116,7 @@ class Actor:
 
 
 @pytest.mark.slow
-def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -> None:  # noqa: ANN001
+def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -> None:
     base = f"mqttfl/{RUN_ID}"
     max_bytes = 200_000
     with (
@@ -205,7 +205,8 @@ def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -
     # Nothing poisoned reached aggregation: round 1 aggregated exactly the two real clients and
     # the two valid fake uploads, and h1's row of the padded prototypes is its valid upload.
     closed1 = fed.closed_rounds()[1][0]
-    assert closed1["uploads"] == 4 and closed1["missing"] == []
+    assert closed1["uploads"] == 4
+    assert closed1["missing"] == []
     down = [
         decode(m.payload)
         for m in witness.seen(lambda m: m.topic.endswith("/round/1/down/all") and m.payload)

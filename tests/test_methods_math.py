@@ -63,7 +63,8 @@ def test_fedproto_server_broadcasts_the_bank_and_never_weights() -> None:
             _proto_upload("1", [0, 2], PROTOS[1, [0, 2]], [1, 2]),
         ],
     )
-    assert set(down.broadcast) == {"prototypes", "available"} and down.personal == {}
+    assert set(down.broadcast) == {"prototypes", "available"}
+    assert down.personal == {}
     np.testing.assert_allclose(down.broadcast["prototypes"][0], [2, 2])
     assert down.broadcast["available"].tolist() == [1, 1, 1, 0]
     weighted = Context(
@@ -124,7 +125,8 @@ def test_prototype_clients_report_head_and_nearest_prototype_inference() -> None
         "proto_mae",
     } <= set(extra)
     proto = Federation("fedproto", inference="prototype").run().clients[0]
-    assert proto.bank is not None and proto.available is not None  # type: ignore[attr-defined]
+    assert proto.bank is not None
+    assert proto.available is not None
     proto.model.eval()
     with torch.no_grad():
         z = proto.model.embed(torch.from_numpy(proto.shard.x_test))
@@ -188,7 +190,8 @@ def test_wifed_fine_tunes_a_copy_and_keeps_the_global_model_for_training() -> No
     global_weights = fed.server.aggregate(1, fed.uploads).broadcast["weights"]["middle"]
     np.testing.assert_allclose(flatten_weights(client.model), global_weights, rtol=1e-6)
     tuned = client.personal  # type: ignore[attr-defined]
-    assert tuned is not None and not np.allclose(flatten_weights(tuned), global_weights)
+    assert tuned is not None
+    assert not np.allclose(flatten_weights(tuned), global_weights)
     tuned.eval()
     with torch.no_grad():
         expected = tuned(torch.from_numpy(client.shard.x_test))[0].argmax(dim=1).numpy()
@@ -206,7 +209,8 @@ def test_wifed_without_fine_tuning_is_fedavg() -> None:
 def test_each_method_runs_two_rounds_through_its_schema(name: str) -> None:
     arch = "transformer" if name == "fedali" else "middle"
     fed = Federation(name, arch=arch).run()
-    assert len(fed.accuracy) == 2 and all(0.0 <= a <= 1.0 for a in fed.accuracy)
+    assert len(fed.accuracy) == 2
+    assert all(0.0 <= a <= 1.0 for a in fed.accuracy)
 
 
 @pytest.mark.parametrize("name", ["fedproto", "fedsap"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -53,7 +55,7 @@ def test_off_by_default() -> None:
 
 @pytest.mark.parametrize("value", ["1.0", "-0.1", "half"])
 def test_a_bad_fraction_names_the_key(value: str) -> None:
-    with pytest.raises(ConfigError, match="data.validation_fraction"):
+    with pytest.raises(ConfigError, match=re.escape("data.validation_fraction")):
         load_config(None, [f"data.validation_fraction={value}"])
 
 
