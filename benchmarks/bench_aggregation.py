@@ -31,7 +31,8 @@ GOAL_S = 0.200  # at N=1000
 
 
 def make_uploads(n: int, seed: int = 0) -> list[Any]:
-    from mqttfl.algorithms.base import ClientInfo, Upload
+    from mqttfl.algorithms.base import Upload
+    from mqttfl.wire.schemas import ClientInfo
 
     rng = np.random.default_rng(seed)
     uploads = []
@@ -113,7 +114,7 @@ def _child(quick: bool, threads: int | None) -> list[dict[str, Any]]:
     out = subprocess.run(
         cmd, env=env, capture_output=True, text=True, check=True, cwd=REPO, timeout=1800
     )
-    return json.loads(out.stdout)  # type: ignore[no-any-return]
+    return json.loads(out.stdout)
 
 
 def run(quick: bool) -> dict[str, Any]:

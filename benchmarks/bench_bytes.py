@@ -106,7 +106,7 @@ def run(quick: bool, methods: list[str] | None = None) -> dict[str, Any]:
 
     rounds = 2 if quick else 3
     required = _required_model()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for method in methods or algorithm_names():
         arch = required.get(method, "large")
         overrides = [

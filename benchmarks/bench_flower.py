@@ -148,7 +148,7 @@ def run_flower(rounds: int, index: int) -> dict[str, Any]:
                         f"Flower server did not start: {(work / 'server.log').read_text()[-2000:]}"
                     )
                 time.sleep(0.05)
-            overrides = functools.reduce(
+            overrides: list[str] = functools.reduce(
                 operator.iadd, (["--set", item] for item in _overrides(rounds)), []
             )
             for cid in range(CLIENTS):

@@ -103,8 +103,9 @@ class Sniffer:
 
     def __enter__(self) -> Sniffer:
         import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
 
-        self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-sniffer")
+        self._client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bench-sniffer")
         self._client.on_message = self._on_message
         self._client.connect("127.0.0.1", self.port)
         self._client.subscribe([("mqttfl/+/round/+/up/+", 1), ("mqttfl/+/round/+/down/+", 1)])
@@ -222,7 +223,7 @@ def run_federation(
 def _federation_class() -> type:
     from mqttfl.launch.local import LocalFederation
 
-    class Federation(LocalFederation):  # type: ignore[misc]
+    class Federation(LocalFederation):
         """Clients may reach the broker through another URL (the counting proxy)."""
 
         def __init__(self, *args: Any, client_broker_url: str | None = None, **kwargs: Any) -> None:

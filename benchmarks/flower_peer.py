@@ -35,7 +35,7 @@ def serve(args: argparse.Namespace) -> int:
 
     marks: list[dict[str, Any]] = []
 
-    class TimedFedAvg(FedAvg):  # type: ignore[misc]
+    class TimedFedAvg(FedAvg):
         def configure_fit(self, server_round: int, parameters: Any, client_manager: Any) -> Any:
             marks.append({"round": server_round, "fit_configured": time.time()})
             return super().configure_fit(server_round, parameters, client_manager)
@@ -118,7 +118,7 @@ def client(args: argparse.Namespace) -> int:
             strict=False,
         )
 
-    class PeerClient(NumPyClient):  # type: ignore[misc]
+    class PeerClient(NumPyClient):
         def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
             return get_weights()
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from mqttfl.algorithms import get_algorithm
-from mqttfl.algorithms.base import Algorithm, ClientInfo, ClientSide, Context, ServerSide, Upload
+from mqttfl.algorithms.base import Algorithm, ClientSide, Context, ServerSide, Upload
 from mqttfl.config import FederationConfig, RunConfig, TrainConfig
 from mqttfl.data.shard import Shard
 from mqttfl.engine.rounds import Announce, Close, Finish, RoundEngine
@@ -35,6 +35,7 @@ from mqttfl.wire.control import (
     read_start,
     read_status,
 )
+from mqttfl.wire.schemas import ClientInfo
 
 RUN = "r"
 NUM_CLASSES = 4

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from mqttfl.data.capture import (
-    _esp_iq,
-    _parse_esp32_tolerant,
-    load_capture,
-    read_capture,
-    read_features,
-)
+from mqttfl.data.capture import load_capture, read_capture, read_features
 from mqttfl.data.capture_checks import walk_atheros
+from mqttfl.data.capture_esp32 import esp_iq_to_complex, parse_esp32_csv_tolerant
 from mqttfl.data.preprocess import (
     Normalizer,
     capture_features,
@@ -102,8 +98,8 @@ def test_esp32_tolerant_reader_matches_csiread():
     path = require_shared("csi-samples", "esp32", "example_csi.csv")
     via_csiread = load_capture(path, "esp32")
     assert via_csiread.info["parser"] == "csiread"
-    raw, secondary, _ = _parse_esp32_tolerant(path, path.read_text())
-    tolerant = _esp_iq(raw)
+    raw, secondary, _ = parse_esp32_csv_tolerant(path, path.read_text())
+    tolerant = esp_iq_to_complex(raw)
     tolerant[secondary != 0] = np.fft.ifftshift(tolerant[secondary != 0], axes=1)
     np.testing.assert_allclose(via_csiread.csi, tolerant)
 
@@ -129,6 +125,7 @@ def test_espectre_npz_chip_layouts_agree():
         assert cap.phy == "ht20"
         rows, sel = capture_features(cap)
         assert rows.shape[1] == 51
+        assert sel.index is not None
         assert sel.index == tuple(sorted(sel.index))
         assert (rows.mean(axis=0) > 5.0).all(), chip  # no null bin slipped through
 
@@ -170,7 +167,7 @@ def test_nexmon_needs_chip_and_matching_bandwidth():
 
 @pytest.mark.parametrize("fmt", ["intel5300", "atheros", "nexmon", "esp32", "npz", "csv"])
 def test_unreadable_files_name_the_file(tmp_path, fmt):
-    kw = {"nexmon_chip": "4358", "nexmon_bw": 80}
+    kw: dict[str, Any] = {"nexmon_chip": "4358", "nexmon_bw": 80}
     missing = tmp_path / "missing.dat"
     with pytest.raises(DataError, match="not found") as info:
         read_capture(missing, fmt, **kw)
@@ -294,6 +291,7 @@ def test_windows_of_intel_sample_have_the_right_shape():
     path = require_shared("csi-samples", "intel5300", "sample_0x1_ap.dat")
     rows, sel = capture_features(load_capture(path, "intel5300"))
     assert rows.shape == (540, 28 * 3 * 2)
+    assert sel.index is not None
     assert 7 not in sel.index
     assert 21 not in sel.index
     assert make_windows(rows, 100).shape == (5, 100, 168)

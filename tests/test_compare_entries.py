@@ -51,7 +51,7 @@ def test_the_table_marks_a_pinned_entry() -> None:
 @pytest.mark.parametrize("name", ["sgd", "adam"])
 def test_train_optimizer(name: str) -> None:
     model = build_model("tiny", num_classes=3, embed_dim=8)
-    train = TrainConfig(optimizer=name, lr=0.003, weight_decay=0.0)  # type: ignore[arg-type]
+    train = TrainConfig(optimizer=name, lr=0.003, weight_decay=0.0)
     optimizer = make_optimizer(model, train)
     expected = torch.optim.Adam if name == "adam" else torch.optim.SGD
     assert type(optimizer) is expected

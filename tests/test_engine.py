@@ -11,9 +11,9 @@ import pytest
 from mqttfl.algorithms import get_algorithm
 from mqttfl.algorithms.base import Algorithm, Downlinks, Upload
 from mqttfl.algorithms.fedavg import FedAvgServer
-from mqttfl.engine.rounds import RECONNECT_GRACE_S, WILL_SETTLE_S, Announce, Phase, RunAborted
+from mqttfl.engine.rounds import RECONNECT_GRACE_S, WILL_SETTLE_S, Announce, Close, Phase
 from mqttfl.engine.state import RunState
-from mqttfl.errors import RejectedUpload, WireError
+from mqttfl.errors import RejectedUpload, RunAborted, WireError
 from mqttfl.wire.codec import pack_data, unpack_data
 from mqttfl.wire.control import Metrics, read_downlink
 from tests.inprocess import RUN, Federation
@@ -201,6 +201,7 @@ def test_run_state_survives_the_checkpoint_codec_and_resumes_the_next_round() ->
     assert resumed.engine.phase is Phase.RESUMING
     actions = resumed.engine.step()  # every known client announced itself: re-publish, go on
     republished = [a for a in actions if not isinstance(a, Announce)]
+    assert isinstance(republished[0], Close)
     assert republished[0].checkpoint is None
     assert republished[0].payloads == state.downlinks
     assert isinstance(actions[-1], Announce)

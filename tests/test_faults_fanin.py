@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mqttfl.provisioning.local_broker import LocalBroker
-from tests.faults import RUN_ID, Federation, Witness, topic_parts, uploads_on_the_wire
+from tests.faults import RUN_ID, Federation, Seen, Witness, topic_parts, uploads_on_the_wire
 
 DROPPED = "$SYS/broker/publish/messages/dropped"
 
@@ -66,7 +66,11 @@ def test_fan_in_of_100_simultaneous_uploads(broker: LocalBroker, tmp_path: Path)
     k, c, d = 8, 21, 16
     bound = (k + 3) * c * d * 4 + 2048 + 10 * n  # the sets, framing, the broadcast's id list
     for t in range(1, rounds + 1):
-        down = witness.seen(lambda m, t=t: topic_parts(m.topic)[:3] == ["round", str(t), "down"])
+
+        def downlink(m: Seen, t: int = t) -> bool:
+            return topic_parts(m.topic)[:3] == ["round", str(t), "down"]
+
+        down = witness.seen(downlink)
         broadcast = [len(m.payload) for m in down if m.topic.endswith("/all") and m.payload]
         personal = [len(m.payload) for m in down if not m.topic.endswith("/all")]
         assert len(broadcast) == 1

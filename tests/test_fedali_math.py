@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from mqttfl.algorithms import fedali
-from mqttfl.algorithms.base import ClientInfo, Context, Upload
+from mqttfl.algorithms.base import Context, Upload
 from mqttfl.algorithms.fedali import (
     FedAliClient,
     FedAliParams,
@@ -21,8 +22,9 @@ from mqttfl.algorithms.fedali import (
 from mqttfl.algorithms.weights import flatten_weights, load_weights, weights_length
 from mqttfl.errors import ConfigError
 from mqttfl.models import build_model
-from mqttfl.models.transformer import ALPLayer, ema_update, sinkhorn
-from mqttfl.training.loops import predict_logits
+from mqttfl.models.transformer import ALPLayer, TransformerEncoderNet, ema_update, sinkhorn
+from mqttfl.training.loops import predict_logits, train_epochs
+from mqttfl.wire.schemas import ClientInfo
 from tests.inprocess import Federation
 
 
@@ -130,8 +132,9 @@ def test_alp_is_the_identity_until_prototypes_are_attached() -> None:
 
 def test_prototypes_are_not_part_of_the_weights() -> None:
     model = build_model("transformer", num_classes=4, embed_dim=8)
+    assert isinstance(model, TransformerEncoderNet)
     before = flatten_weights(model)
-    for layer in model.alp_layers():  # type: ignore[operator]
+    for layer in model.alp_layers():
         layer.attach(
             torch.ones(16, layer.dim),
             torch.ones(16, layer.dim),
@@ -223,11 +226,11 @@ def test_a_client_is_scored_on_the_model_it_trained_not_on_the_download(
 
     # ... and the next local training starts from the averaged weights (Algorithm 2, l. 6)
     started_from: list[np.ndarray] = []
-    real_train = fedali.train_epochs
+    real_train = train_epochs
 
-    def spy(model: torch.nn.Module, *args: object, **kwargs: object) -> float:
+    def spy(model: torch.nn.Module, *args: Any, **kwargs: Any) -> float:
         started_from.append(flatten_weights(model))
-        return real_train(model, *args, **kwargs)  # type: ignore[arg-type]
+        return real_train(model, *args, **kwargs)
 
     monkeypatch.setattr(fedali, "train_epochs", spy)
     client.train(2, {}, np.random.default_rng(2))

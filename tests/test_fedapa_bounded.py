@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from mqttfl.algorithms.base import ClientInfo, Context, Upload
+from mqttfl.algorithms.base import Context, Upload
 from mqttfl.algorithms.fedapa import (
+    FedAPAClient,
     FedAPAParams,
     FedAPAServer,
     prototype_contrast,
@@ -18,6 +19,7 @@ from mqttfl.algorithms.fedapa import (
     shared_sample,
 )
 from mqttfl.wire.control import encode_downlinks
+from mqttfl.wire.schemas import ClientInfo
 from tests.inprocess import Federation
 
 
@@ -101,6 +103,7 @@ def test_above_k_plus_one_every_downlink_stays_under_the_bound() -> None:
 def test_a_federation_above_the_bound_trains_on_sampled_sets() -> None:
     fed = Federation("fedapa", clients=5, rounds=2, max_peer_sets=2).run()
     client = fed.clients[0]
+    assert isinstance(client, FedAPAClient)
     assert client.p is not None
     assert client.p.shape[0] == 4
     assert client.p_weights is not None
@@ -110,6 +113,7 @@ def test_a_federation_above_the_bound_trains_on_sampled_sets() -> None:
 def test_sample_weights_that_do_not_fit_the_broadcast_sample_drop_l_c_for_the_round() -> None:
     fed = Federation("fedapa", clients=5, rounds=1, max_peer_sets=2).run()
     client = fed.clients[0]
+    assert isinstance(client, FedAPAClient)
     c, d = client.ctx.num_classes, client.ctx.embed_dim
     broadcast = {
         "available": np.ones(c, np.uint8),

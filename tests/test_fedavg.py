@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from mqttfl.algorithms.base import ClientInfo, Upload
+from mqttfl.algorithms.base import Upload
 from mqttfl.algorithms.weights import (
     average_by_group,
     flatten_weights,
@@ -14,6 +14,7 @@ from mqttfl.algorithms.weights import (
     weighted_average,
 )
 from mqttfl.models import build_model
+from mqttfl.wire.schemas import ClientInfo
 
 
 def test_weighted_average_uses_the_counts() -> None:

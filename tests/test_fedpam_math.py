@@ -53,7 +53,8 @@ def test_pam_starts_at_identity_and_stays_local() -> None:
     torch.testing.assert_close(client.pam.detach(), trained)  # the downlink left it alone
     fresh = Federation("fedpam", clients=1, rounds=1).clients[0]
     fresh.load_state_dict(client.state_dict())
-    torch.testing.assert_close(fresh.pam.detach(), trained)  # type: ignore[attr-defined]
+    assert isinstance(fresh, FedPAMClient)
+    torch.testing.assert_close(fresh.pam.detach(), trained)
 
 
 def test_loss_eq_3_4_is_ce_on_the_unadjusted_head_plus_lambda_pcl() -> None:

@@ -16,6 +16,7 @@ from mqttfl.algorithms.fedsap import (
     FedSAPClient,
     FedSAPParams,
     FedSAPServer,
+    Schedule,
     calibrate_thresholds,
     consistency_loss,
     curriculum_lambda,
@@ -53,8 +54,8 @@ def test_linear_curriculum(t: int, expected: float) -> None:
         ("constant", 1, 0.7),  # no curriculum (Table 4's ablation)
     ],
 )
-def test_curriculum_shapes(shape: str, t: int, expected: float) -> None:
-    value = curriculum_lambda(t, lambda_max=0.7, start_round=20, end_round=100, shape=shape)  # type: ignore[arg-type]
+def test_curriculum_shapes(shape: Schedule, t: int, expected: float) -> None:
+    value = curriculum_lambda(t, lambda_max=0.7, start_round=20, end_round=100, shape=shape)
     assert value == pytest.approx(expected, abs=1e-12)
 
 
@@ -63,9 +64,11 @@ def test_curriculum_shapes(shape: str, t: int, expected: float) -> None:
     st.integers(0, 50),
     st.integers(1, 120),
 )
-def test_every_ramp_is_nondecreasing_and_within_bounds(shape: str, start: int, end: int) -> None:
+def test_every_ramp_is_nondecreasing_and_within_bounds(
+    shape: Schedule, start: int, end: int
+) -> None:
     values = [
-        curriculum_lambda(t, lambda_max=0.7, start_round=start, end_round=end, shape=shape)  # type: ignore[arg-type]
+        curriculum_lambda(t, lambda_max=0.7, start_round=start, end_round=end, shape=shape)
         for t in range(0, 130)
     ]
     assert values == sorted(values)
@@ -249,4 +252,5 @@ def test_semi_supervised_rounds_calibrate_once_and_upload_unit_mixed_prototypes(
     state = client.state_dict()
     fresh = Federation("fedsap", clients=1, rounds=3, semi_supervised=True).clients[0]
     fresh.load_state_dict(state)
-    assert fresh.thresholds == pytest.approx(client.thresholds)  # type: ignore[attr-defined]
+    assert isinstance(fresh, FedSAPClient)
+    assert fresh.thresholds == pytest.approx(client.thresholds)

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from mqttfl.algorithms import get_algorithm
-from mqttfl.algorithms.base import ClientInfo
 from mqttfl.bus.transport import BrokerAddress, Incoming
 from mqttfl.config import load_config
 from mqttfl.errors import RejectedUpload, WireError
@@ -25,6 +24,7 @@ from mqttfl.nodes.coordinator import Coordinator
 from mqttfl.wire import Message, decode, encode
 from mqttfl.wire.codec import ARRAY_EXT
 from mqttfl.wire.control import Online
+from mqttfl.wire.schemas import ClientInfo
 from tests.hostile import CTX, INFO, SCENE, fresh_gate
 
 # --- fuzzing ------------------------------------------------------------------------------

@@ -4,20 +4,24 @@ engine (in process, tests/inprocess.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from mqttfl.algorithms import algorithm_names, get_algorithm
-from mqttfl.algorithms.base import ClientInfo, Context, Upload
+from mqttfl.algorithms.base import Context, Upload
 from mqttfl.algorithms.fedcaring import FedCaringParams, FedCaringServer, caring_weights
 from mqttfl.algorithms.fedproto import FedProtoClient, FedProtoParams, FedProtoServer
 from mqttfl.algorithms.prototypes import global_bank, nearest_prototype, prototype_mse
 from mqttfl.algorithms.weights import flatten_weights
+from mqttfl.algorithms.wifed import WiFedClient
 from mqttfl.engine.gate import UploadGate
 from mqttfl.errors import RejectedUpload, WireError
 from mqttfl.wire import Message, encode
+from mqttfl.wire.schemas import ClientInfo
 from tests.inprocess import Federation
 
 MY_METHODS = ("fedproto", "fedsap", "fedali", "fedpam", "wifed", "fedcaring")
@@ -115,7 +119,7 @@ def test_fedproto_loss_is_ce_plus_lambda_mse() -> None:
 def test_prototype_clients_report_head_and_nearest_prototype_inference() -> None:
     fed = Federation("fedproto").run()
     client = fed.clients[0]
-    extra = client.extra_metrics(client.shard.x_test, client.shard.y_test)  # type: ignore[attr-defined]
+    extra = client.extra_metrics(client.shard.x_test, client.shard.y_test)
     assert {
         "head_accuracy",
         "head_f1",
@@ -125,12 +129,13 @@ def test_prototype_clients_report_head_and_nearest_prototype_inference() -> None
         "proto_mae",
     } <= set(extra)
     proto = Federation("fedproto", inference="prototype").run().clients[0]
+    assert isinstance(proto, FedProtoClient)
     assert proto.bank is not None
     assert proto.available is not None
     proto.model.eval()
     with torch.no_grad():
         z = proto.model.embed(torch.from_numpy(proto.shard.x_test))
-    expected = nearest_prototype(z, proto.bank, proto.available).numpy()  # type: ignore[attr-defined]
+    expected = nearest_prototype(z, proto.bank, proto.available).numpy()
     np.testing.assert_array_equal(proto.predict(proto.shard.x_test), expected)
 
 
@@ -187,21 +192,24 @@ def test_caring_client_declares_and_sends_its_local_performance() -> None:
 def test_wifed_fine_tunes_a_copy_and_keeps_the_global_model_for_training() -> None:
     fed = Federation("wifed", clients=2, rounds=1).run()  # each client predicted once
     client = fed.clients[0]
+    assert isinstance(client, WiFedClient)
     global_weights = fed.server.aggregate(1, fed.uploads).broadcast["weights"]["middle"]
     np.testing.assert_allclose(flatten_weights(client.model), global_weights, rtol=1e-6)
-    tuned = client.personal  # type: ignore[attr-defined]
+    tuned = client.personal
     assert tuned is not None
     assert not np.allclose(flatten_weights(tuned), global_weights)
     tuned.eval()
     with torch.no_grad():
         expected = tuned(torch.from_numpy(client.shard.x_test))[0].argmax(dim=1).numpy()
     np.testing.assert_array_equal(client.predict(client.shard.x_test), expected)
-    assert client.personal is tuned  # tuned once per round, not once per call  # type: ignore[attr-defined]
+    assert client.personal is tuned  # tuned once per round, not once per call
 
 
 def test_wifed_without_fine_tuning_is_fedavg() -> None:
     client = Federation("wifed", clients=2, rounds=1, finetune_epochs=0).run().clients[0]
-    np.testing.assert_array_equal(flatten_weights(client.personal), flatten_weights(client.model))  # type: ignore[attr-defined]
+    assert isinstance(client, WiFedClient)
+    assert client.personal is not None
+    np.testing.assert_array_equal(flatten_weights(client.personal), flatten_weights(client.model))
 
 
 # --- every method, in process ------------------------------------------------------------
@@ -232,7 +240,7 @@ def test_every_registered_method_name_is_known() -> None:
 
 
 # --- permitted payloads ----------------------------------------------------------------
-FORBIDDEN = {
+FORBIDDEN: dict[str, dict[str, Any]] = {
     "fedproto": {"weights": np.ones(10, np.float32)},
     "fedsap": {"weights": np.ones(10, np.float32)},
     "fedpam": {"pam": np.eye(8, dtype=np.float32)},

@@ -5,6 +5,7 @@ shows it with the gain."""
 from __future__ import annotations
 
 import json
+from collections.abc import MutableMapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ def _run(out: Path, *items: str, flags: tuple[str, ...] = ()) -> tuple[str, dict
     return result.stdout, json.loads((out / "summary.json").read_text())
 
 
-def _reference_events(logs: list[dict[str, Any]]) -> list[str]:
+def _reference_events(logs: list[MutableMapping[str, Any]]) -> list[str]:
     return [e["event"] for e in logs if e["event"].startswith("reference.")]
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pytest
 
 from mqttfl.data.synthetic import ROOM_NAMES, make_room_shard, room_profile
 
-SMALL = {"window": 16, "samples": 100}
+SMALL: dict[str, Any] = {"window": 16, "samples": 100}
 
 
 def test_deterministic_for_the_same_arguments() -> None:
@@ -93,9 +94,9 @@ def test_small_class_counts_work() -> None:
         ({"seed": 0, "test_fraction": 1.0}, "test_fraction must be in"),
     ],
 )
-def test_bad_arguments(kwargs: dict[str, float], message: str) -> None:
+def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        make_room_shard(0, **kwargs)  # type: ignore[arg-type]
+        make_room_shard(0, **kwargs)
 
 
 def test_one_device_for_every_room() -> None:

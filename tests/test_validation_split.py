@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mqttfl.config import load_config
+from mqttfl.data.shard import Shard
 from mqttfl.data.sources import load_client_shard, validation_shard
 from mqttfl.data.synthetic import make_room_shard
 from mqttfl.errors import ConfigError, DataError
@@ -17,7 +18,7 @@ def _rows(x: np.ndarray) -> set[bytes]:
     return {row.tobytes() for row in x}
 
 
-def _shard(fraction: float, seed: int = 0, client: str = "2"):  # type: ignore[no-untyped-def]
+def _shard(fraction: float, seed: int = 0, client: str = "2") -> Shard:
     config = load_config(
         None, ["data.samples_per_client=80", f"data.validation_fraction={fraction}"]
     )

@@ -25,7 +25,7 @@ from rich.console import Console
 
 import mqttfl.monitor.view as watch
 from mqttfl.commands import main as cli
-from mqttfl.monitor.view import FederationView, render
+from mqttfl.monitor.view import FederationView, render, watch_topics
 from mqttfl.provisioning.local_broker import LocalBroker
 from mqttfl.wire import Topics
 from mqttfl.wire.codec import Message, encode
@@ -323,9 +323,15 @@ def _freeze_after_first_upload(fed: Federation, client: str) -> Callable[[Seen],
     return on_message
 
 
-def _watchers_connected(broker: LocalBroker) -> int:
+def _watchers_subscribed(broker: LocalBroker) -> int:
+    """Watchers whose last subscription (to the metrics) the broker has logged."""
     log = broker.log_path.read_text(errors="replace") if broker.log_path.exists() else ""
-    return log.count(f" as mqttfl-{RUN_ID}-watch-")
+    last = watch_topics(Topics(RUN_ID))[-1]
+    return sum(
+        1
+        for line in log.splitlines()
+        if f" mqttfl-{RUN_ID}-watch-" in line and line.endswith(f" {last}")
+    )
 
 
 @pytest.mark.slow
@@ -352,8 +358,7 @@ def test_watch_once_and_piped_against_a_running_federation(
                 _watch_cmd(broker, "--once"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 cwd=REPO, text=True,
             )  # fmt: skip
-            wait_for(lambda: _watchers_connected(broker) >= 2, timeout=30, what="--once")
-            time.sleep(0.1)  # its subscriptions are in
+            wait_for(lambda: _watchers_subscribed(broker) >= 2, timeout=30, what="--once")
             fed.cont("2")  # client 2 reports round 1, trains round 2: the run moves on
             out, err = once.communicate(timeout=30)
             summary = fed.finish(timeout=120)

@@ -125,6 +125,7 @@ def test_decode_of_arbitrary_bytes_only_raises_wire_errors(raw: bytes) -> None:
     st.sampled_from(["<f4", "<i8", "|u1", "<f8"]),
 )
 def test_declared_shape_must_match_the_bytes(data: bytes, shape: list[int], dtype: str) -> None:
+    reason: str | None
     try:
         out = decode(_raw_array(dtype, shape, data))
     except WireError as exc:

@@ -85,7 +85,6 @@ class ServerSide(ABC):
 # a value a hundred times beyond is divergence or forgery, and these bounds keep a sum of
 # squares over 10^5 uploads of 10^6 values far inside float32 (3.4e38).
 WEIGHT_BOUND = 1e4
-PROTOTYPE_BOUND = 1e4
 
 
 class ClientSide(ABC):

@@ -73,10 +73,6 @@ NEXMON_BANDWIDTHS: tuple[int, ...] = (20, 40, 80)
 # Chips whose 64 CSI bins arrive centred (-32..31) rather than in FFT order.
 ESP_CENTRED_CHIPS: frozenset[str] = frozenset({"c5", "c6"})
 
-# The former private names of the ESP32 helpers, still imported by tests/test_capture.py.
-_esp_iq = esp_iq_to_complex
-_parse_esp32_tolerant = parse_esp32_csv_tolerant
-
 
 @dataclass(frozen=True, eq=False)
 class Capture:
