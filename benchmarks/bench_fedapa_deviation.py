@@ -6,7 +6,7 @@ of 32 embeddings with labels stands for one local step of client 0. For each of 
 the server draws its downlink as it does in a run (:class:`FedAPAServer.aggregate`, round
 t seeds the draw), client 0 forms its weighted L_c over [P_0, *S, *extra] and its
 gradient with respect to the embeddings; the exact gradient is Eq. 10's mean over all N
-sets. Reported: the mean over rounds of ‖g_bounded − g_exact‖ / ‖g_exact‖, for the
+sets. Reported: the mean over rounds of ‖g_bounded - g_exact‖ / ‖g_exact‖, for the
 uniform shared sample (``uniform``: the earlier design) and the stratified one (``strata``:
 one set per cluster of similar sets, weighted by its cluster's size), with the bytes a
 client receives at C=21, d=256.
@@ -25,10 +25,11 @@ import numpy as np
 import torch
 
 from benchmarks.common import RESULTS, machine
-from mqttfl.algorithms.base import ClientInfo, Context, Upload
+from mqttfl.algorithms.base import Context, Upload
 from mqttfl.algorithms.fedapa import FedAPAParams, FedAPAServer, prototype_contrast
 from mqttfl.algorithms.peer_sampling import dequantize_sets
 from mqttfl.wire.control import encode_downlinks
+from mqttfl.wire.schemas import ClientInfo
 
 C, D, K, CLUSTERS, BATCH, TAU = 21, 64, 8, 4, 32, 0.5
 ROUNDS = 40
@@ -104,7 +105,7 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     out = {
-        "what": "L_c gradient deviation from exact Eq. 10 (‖g−g*‖/‖g*‖, mean over rounds)",
+        "what": "L_c gradient deviation from exact Eq. 10 (‖g-g*‖/‖g*‖, mean over rounds)",
         "setup": {"C": C, "d": D, "k": K, "clusters": CLUSTERS, "batch": BATCH, "rounds": ROUNDS},
         "rows": rows,
         "seconds": round(time.monotonic() - began, 1),

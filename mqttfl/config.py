@@ -29,6 +29,7 @@ from pydantic_settings import (
 
 from mqttfl.errors import ConfigError
 from mqttfl.models.names import MODEL_NAMES
+from mqttfl.wire.ids import client_number
 
 
 class _Table(BaseModel):
@@ -100,6 +101,12 @@ class ModelConfig(_Table):
         if self.per_client:
             return self.per_client[client_id % len(self.per_client)]
         return self.name
+
+    def arch_of(self, client_id: str) -> str:
+        """The architecture client ``client_id`` runs: the one id -> model mapping of
+        mqttfl (``per_client`` cycled by :func:`~mqttfl.wire.ids.client_number`), used by
+        clients, the checks before a run, and the Local and pooled references alike."""
+        return self.arch_for(client_number(client_id))
 
 
 class TrainConfig(_Table):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import paho.mqtt.client as paho
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from mqttfl.provisioning.local_broker import LOCAL_CONF, LocalBroker
 from mqttfl.wire.chunks import payload_budget, split
@@ -35,7 +36,7 @@ class Stray:
     of round 1 crosses the broker (so it lands in the middle of the victim's message)."""
 
     def __init__(self, port: int) -> None:
-        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="stray")
+        self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id="stray")
         self.client.connect("127.0.0.1", port, keepalive=10)
         self.client.loop_start()
         self.sent = threading.Event()
@@ -53,7 +54,7 @@ class Stray:
 
 def _flood(port: int, stop: threading.Event, sent: list[int]) -> None:
     """First chunks of ever new 1.8 MB messages on the flooder's own upload topics."""
-    client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="flooder")
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id="flooder")
     client.connect("127.0.0.1", port, keepalive=10)
     client.loop_start()
     try:
@@ -113,11 +114,13 @@ def test_interleaved_fedavg_uploads_lose_nothing(tmp_path: Path, n: int) -> None
     assert sorted(closed) == list(range(1, rounds + 1))
     for t in range(1, rounds + 1):
         (close,) = closed[t]
-        assert close["uploads"] == n and close["missing"] == [], close
+        assert close["uploads"] == n, close
+        assert close["missing"] == [], close
     accepted = [k for k, v in fed.outcomes().items() if "accepted" in v]
     lost = n * rounds - len(accepted)
     assert lost == 0
-    assert summary["rejections"] == {} and summary["missing_uploads"] == 0
+    assert summary["rejections"] == {}
+    assert summary["missing_uploads"] == 0
     asked = fed.events(event="upload.resend_asked")
     given_up = [
         e
@@ -136,7 +139,9 @@ def test_interleaved_fedavg_uploads_lose_nothing(tmp_path: Path, n: int) -> None
         assert {(e["round"], e["client"]) for e in asked} == {(1, VICTIM)}
         assert [(e["round"], e["client_id"]) for e in resent] == [(1, VICTIM)]
     else:
-        assert given_up == [] and asked == [] and resent == []
+        assert given_up == []
+        assert asked == []
+        assert resent == []
     print(
         "FIGURES chunks-at-scale",
         json.dumps(

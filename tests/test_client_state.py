@@ -49,7 +49,8 @@ def _run(
 def _check_every_round(fed: Federation, rounds: int) -> None:
     for t in range(1, rounds + 1):
         (closed,) = fed.closed_rounds()[t]
-        assert closed["uploads"] == 2 and closed["missing"] == [], closed
+        assert closed["uploads"] == 2, closed
+        assert closed["missing"] == [], closed
     for cid in ("0", "1"):
         sent = fed.uploads_sent(cid) + [int(e["round"]) for e in fed.events(cid, "upload.resent")]
         assert set(sent) == set(range(1, rounds + 1)), (cid, sent)
@@ -74,11 +75,13 @@ def test_one_device_three_runs_each_with_its_own_state(broker: LocalBroker, tmp_
         summary = fed.finish(timeout=120)
     assert summary["rounds_completed"] == rounds
     (resumed,) = fed.events("0", "client.resumed")
-    assert resumed["trained_round"] >= 2 and resumed["applied_round"] >= 1
+    assert resumed["trained_round"] >= 2
+    assert resumed["applied_round"] >= 1
     _check_every_round(fed, rounds)
     assert not fed.events("0", "state.discarded")
     a_state = torch.load(state_path(state, "run-a", "0"), weights_only=True)
-    assert a_state["trained_round"] == rounds and a_state["owner"]["arch"] == "tiny"
+    assert a_state["trained_round"] == rounds
+    assert a_state["owner"]["arch"] == "tiny"
 
     # Run B (large, its own run id): the same device, fresh state of its own.
     b = ["run_id=run-b", "model.name=large"]
@@ -158,7 +161,9 @@ def test_a_state_that_is_not_this_runs_is_set_aside(
     progress = Progress()
     with capture_logs() as logs:
         loaded = StateFile(path, _owner()).load(torch.nn.Linear(1, 1), cast(Any, None), progress)
-    assert not loaded and progress.trained_round == 0
+    assert not loaded
+    assert progress.trained_round == 0
     (event,) = [e for e in logs if e["event"] == "state.discarded"]
     assert reason in event["reason"]
-    assert not path.exists() and path.with_name(path.name + ".discarded").exists()
+    assert not path.exists()
+    assert path.with_name(path.name + ".discarded").exists()

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from mqttfl.algorithms.base import ClientInfo, Context, Upload
+from mqttfl.algorithms.base import Context, Upload
 from mqttfl.algorithms.fedapa import (
+    FedAPAClient,
     FedAPAParams,
     FedAPAServer,
     prototype_contrast,
@@ -26,6 +27,7 @@ from mqttfl.algorithms.peer_sampling import (
     strata_weights,
 )
 from mqttfl.wire.control import encode_downlinks
+from mqttfl.wire.schemas import ClientInfo
 from tests.inprocess import Federation
 
 
@@ -41,7 +43,7 @@ def _uploads(n: int, c: int, d: int) -> list[Upload]:
 
 
 def _server(c: int, d: int, k: int, sampling: str = "uniform") -> FedAPAServer:
-    params = FedAPAParams(max_peer_sets=k, sampling=sampling)  # type: ignore[arg-type]
+    params = FedAPAParams(max_peer_sets=k, sampling=sampling)
     return FedAPAServer(Context(c, d, 10, 0, params))
 
 
@@ -57,7 +59,8 @@ def test_up_to_k_plus_one_clients_get_every_set_once_exactly_as_the_paper() -> N
 
 def test_the_shared_sample_is_seeded_and_the_weights_sum_to_one() -> None:
     sample = shared_sample(10, 4, seed=0, t=4)
-    assert len(set(sample.tolist())) == 4 and sample.tolist() == sorted(sample.tolist())
+    assert len(set(sample.tolist())) == 4
+    assert sample.tolist() == sorted(sample.tolist())
     assert shared_sample(10, 4, seed=0, t=4).tolist() == sample.tolist()  # a re-send agrees
     outside = next(r for r in range(10) if r not in sample)
     np.testing.assert_allclose(sample_weights(10, sample, outside), [1 / 10] + [9 / 40] * 4)
@@ -97,7 +100,7 @@ def test_stratified_weights_are_unbiased_for_every_client() -> None:
     client i's L_c is exactly 1/N, and its own set's is 1/N: Eq. 10's mean."""
     labels = np.array([0, 0, 0, 1, 1, 2, 0, 1])  # strata of 4, 3 and 1 sets
     n = len(labels)
-    members = [np.flatnonzero(labels == s) for s in range(3)]
+    members = [[int(j) for j in np.flatnonzero(labels == s)] for s in range(3)]
     for row in range(n):
         expected = np.zeros(n)
         draws = list(itertools.product(*members))
@@ -124,7 +127,8 @@ def test_strata_group_similar_sets_and_the_int8_sets_round_trip() -> None:
     assert len(set(labels[:5])) == len(set(labels[5:10])) == 1
     assert set_strata(sets, 3, seed=0, t=1).tolist() == labels.tolist()  # seeded
     quantized, scale = quantize_sets(sets.astype(np.float32))
-    assert quantized.dtype == np.int8 and scale.shape == (15, 4)
+    assert quantized.dtype == np.int8
+    assert scale.shape == (15, 4)
     error = np.abs(dequantize_sets(quantized, scale) - sets).max(axis=2)
     assert (error <= scale * 0.5 + 1e-6).all()
 
@@ -146,9 +150,12 @@ def test_above_k_plus_one_the_stratified_downlink_stays_under_300_kb() -> None:
 def test_a_federation_trains_on_stratified_int8_sets() -> None:
     fed = Federation("fedapa", clients=5, rounds=2, max_peer_sets=2, strata=3).run()
     client = fed.clients[0]
-    assert client.p is not None and client.p.dtype == torch.float32
+    assert isinstance(client, FedAPAClient)
+    assert client.p is not None
+    assert client.p.dtype == torch.float32
     assert client.p.shape[0] in (4, 5)  # own set, 3 representatives (and an alternate)
-    assert client.p_weights is not None and float(client.p_weights.sum()) == pytest.approx(1.0)
+    assert client.p_weights is not None
+    assert float(client.p_weights.sum()) == pytest.approx(1.0)
 
 
 def test_above_k_plus_one_every_downlink_stays_under_the_bound() -> None:
@@ -161,19 +168,24 @@ def test_above_k_plus_one_every_downlink_stays_under_the_bound() -> None:
         biggest = len(payloads.broadcast) + max(len(p) for p in payloads.personal.values())
         assert biggest <= bound <= 250_000
         body = down.personal["3"]
-        assert body["own"].shape == (c, d) and body["set_weights"].shape == (k + 2,)
+        assert body["own"].shape == (c, d)
+        assert body["set_weights"].shape == (k + 2,)
 
 
 def test_a_federation_above_the_bound_trains_on_sampled_sets() -> None:
     fed = Federation("fedapa", clients=5, rounds=2, max_peer_sets=2, sampling="uniform").run()
     client = fed.clients[0]
-    assert client.p is not None and client.p.shape[0] == 4  # own set + a sample of 3
-    assert client.p_weights is not None and float(client.p_weights.sum()) == pytest.approx(1.0)
+    assert isinstance(client, FedAPAClient)
+    assert client.p is not None
+    assert client.p.shape[0] == 4
+    assert client.p_weights is not None
+    assert float(client.p_weights.sum()) == pytest.approx(1.0)
 
 
 def test_sample_weights_that_do_not_fit_the_broadcast_sample_drop_l_c_for_the_round() -> None:
     fed = Federation("fedapa", clients=5, rounds=1, max_peer_sets=2, sampling="uniform").run()
     client = fed.clients[0]
+    assert isinstance(client, FedAPAClient)
     c, d = client.ctx.num_classes, client.ctx.embed_dim
     broadcast = {
         "available": np.ones(c, np.uint8),
@@ -187,4 +199,6 @@ def test_sample_weights_that_do_not_fit_the_broadcast_sample_drop_l_c_for_the_ro
     client.check_downlink(broadcast, None)
     client.check_downlink({}, personal)
     client.receive(2, broadcast, personal)
-    assert client.p is None and client.p_weights is None and client.q is not None
+    assert client.p is None
+    assert client.p_weights is None
+    assert client.q is not None

@@ -42,7 +42,8 @@ def test_which_models_take_a_shape(shape: tuple[int, ...], fit: set[str]) -> Non
         problem = shape_problem(model, shape)
         assert (problem is None) == (model in fit)
         if problem is not None:
-            assert f"model {model!r}" in problem and str(shape) in problem
+            assert f"model {model!r}" in problem
+            assert str(shape) in problem
             assert (
                 f"a model that fits: '{sorted(fit, key=MODEL_NAMES.index)[0]}'"
                 if fit
@@ -100,6 +101,8 @@ def test_compare_shows_a_setting_that_cannot_run_as_absent(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr
     table = (out / "compare.md").read_text()
     assert "| fedavg | absent | absent | absent | absent |" in table
-    assert "model 'mlp' takes feature vectors" in table and WINDOW in table
+    assert "model 'mlp' takes feature vectors" in table
+    assert WINDOW in table
     (run,) = json.loads((out / "compare.json").read_text())["runs"]
-    assert "model 'mlp'" in run["absent"] and run["error"] is None
+    assert "model 'mlp'" in run["absent"]
+    assert run["error"] is None

@@ -7,7 +7,6 @@ from typing import Any
 
 from mqttfl.algorithms.base import (
     Algorithm,
-    ClientInfo,
     ClientSide,
     Context,
     Downlinks,
@@ -15,7 +14,7 @@ from mqttfl.algorithms.base import (
     Upload,
 )
 from mqttfl.errors import ConfigError
-from mqttfl.models.names import model_for
+from mqttfl.wire.schemas import ClientInfo
 
 _REGISTRY: dict[str, Algorithm] = {}
 
@@ -65,7 +64,7 @@ def check_models(config: Any) -> None:
     key = "model.per_client" if config.model.per_client else "model.name"
     for index in range(config.federation.num_clients):
         client_id = str(index)  # the ids `mqttfl run` gives its clients
-        arch = model_for(config.model, client_id)
+        arch = config.model.arch_of(client_id)
         if arch != required:
             raise ConfigError(
                 key,

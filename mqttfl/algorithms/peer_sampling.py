@@ -47,7 +47,8 @@ def set_strata(sets: np.ndarray, count: int, *, seed: int, t: int) -> np.ndarray
         if np.allclose(moved, centers):
             break
         centers = moved
-    return np.unique(labels, return_inverse=True)[1].astype(np.int64)
+    inverse: np.ndarray = np.unique(labels, return_inverse=True)[1]
+    return inverse.astype(np.int64)
 
 
 def stratified_sample(labels: np.ndarray, *, seed: int, t: int) -> tuple[np.ndarray, np.ndarray]:
@@ -104,4 +105,5 @@ def quantize_sets(sets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def dequantize_sets(quantized: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    return (quantized.astype(np.float32) * scale[..., None]).astype(np.float32)
+    sets: np.ndarray = quantized.astype(np.float32) * scale[..., None]
+    return sets.astype(np.float32)

@@ -13,13 +13,12 @@ from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.data.sources import load_client_shard
 from mqttfl.errors import ConfigError
-from mqttfl.models.names import model_for
 from mqttfl.models.sizes import shape_problem
 
 
 def shard_shape_problem(config: RunConfig, client_id: str, shard: Shard) -> str | None:
     """Why client ``client_id``'s model cannot take ``shard``'s samples (None if it can)."""
-    arch = model_for(config.model, client_id)
+    arch = config.model.arch_of(client_id)
     problem = shape_problem(arch, tuple(int(n) for n in shard.x_train.shape[1:]))
     return None if problem is None else f"client {client_id}: {problem}"
 
@@ -42,7 +41,7 @@ def sample_shape_problem(config: RunConfig) -> str | None:
     seen: set[str] = set()
     for index in range(config.federation.num_clients):
         client = str(index)
-        arch = model_for(config.model, client)
+        arch = config.model.arch_of(client)
         if arch in seen:
             continue
         seen.add(arch)

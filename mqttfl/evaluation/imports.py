@@ -42,9 +42,12 @@ def _imported(source: bytes) -> frozenset[str]:
             names.add(node.module)
             # `from mqttfl.algorithms import fedapa` imports a submodule
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if _MODULE_NAME.match(node.value):
-                names.add(node.value)
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and _MODULE_NAME.match(node.value)
+        ):
+            names.add(node.value)
     return frozenset(name for name in names if name == "mqttfl" or name.startswith("mqttfl."))
 
 

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mqttfl.models.names import model_for
 from mqttfl.training.lazy import lazy_import
 from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
 from mqttfl.training.metrics import classification_report
@@ -130,7 +129,7 @@ def score_per_client(
 def pooled_reference(config: RunConfig, shards: Mapping[str, Shard]) -> PooledReference | str:
     """The pooled reference of a run config over its clients' shards, or the reason there
     is none (:func:`pooling_obstacle`)."""
-    archs = {cid: model_for(config.model, cid) for cid in shards}
+    archs = {cid: config.model.arch_of(cid) for cid in shards}
     obstacle = pooling_obstacle(shards, archs)
     if obstacle is not None:
         return obstacle

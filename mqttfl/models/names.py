@@ -8,18 +8,4 @@ typo fails when the config is loaded, not minutes later in every client process.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from mqttfl.wire.ids import client_number
-
-if TYPE_CHECKING:
-    from mqttfl.config import ModelConfig
-
 MODEL_NAMES: tuple[str, ...] = ("tiny", "middle", "large", "mlp", "cnn", "transformer")
-
-
-def model_for(model: ModelConfig, client_id: str) -> str:
-    """The architecture client ``client_id`` runs: the one id -> model mapping of mqttfl
-    (``model.per_client`` cycled by :func:`~mqttfl.wire.ids.client_number`), used by
-    clients, the checks before a run, and the Local and pooled references alike."""
-    return model.arch_for(client_number(client_id))

@@ -28,8 +28,9 @@ from mqttfl.logs import get_logger
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger as BoundLogger
 
-    from mqttfl.algorithms.base import ClientInfo, ClientSide
+    from mqttfl.algorithms.base import ClientSide
     from mqttfl.config import RunConfig
+    from mqttfl.wire.schemas import ClientInfo
 
 
 @dataclass

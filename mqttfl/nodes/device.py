@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mqttfl.models.names import model_for
 from mqttfl.training.lazy import lazy_import
 from mqttfl.wire.ids import client_number
 from mqttfl.wire.schemas import ClientInfo
@@ -40,7 +39,7 @@ def build_client_side(
     from mqttfl.data.shapes import check_shard_shape
 
     check_shard_shape(config, client_id, shard)  # one clear line, not a torch traceback
-    arch = model_for(config.model, client_id)
+    arch = config.model.arch_of(client_id)
     torch.manual_seed(config.seed)  # identical initial weights per architecture
     sample_shape = tuple(int(n) for n in shard.x_train.shape[1:])
     from mqttfl.models import build_model
@@ -55,7 +54,7 @@ def build_client_side(
         client_id,
         arch,
         tuple(int(c) for c in np.unique(shard.y_train)),
-        int(len(shard.y_train)),
+        len(shard.y_train),
         sample_shape,
         site=config.broker.site,
     )
