@@ -42,9 +42,7 @@ def sense(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     )
 
 
-def run_and_export(
-    out: Path, config: str, overrides: list[str], client: str
-) -> tuple[Path, Path]:
+def run_and_export(out: Path, config: str, overrides: list[str], client: str) -> tuple[Path, Path]:
     """A finished `mqttfl run` and its client exported with its shard: (run, export)."""
     run, exported = out / "run", out / "export"
     argv = ["run", config, "--out", str(run), "--no-local-reference"]
@@ -96,7 +94,9 @@ class Recorder:
             if seen and (payload is None or payload in seen):
                 return
             time.sleep(0.05)
-        raise AssertionError(f"nothing {payload!r} on {topic} within {timeout}s: {self.messages[-5:]}")
+        raise AssertionError(
+            f"nothing {payload!r} on {topic} within {timeout}s: {self.messages[-5:]}"
+        )
 
     def publish(self, topic: str, payload: bytes) -> None:
         self.client.publish(topic, payload, qos=1).wait_for_publish(timeout=10)

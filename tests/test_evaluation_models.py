@@ -51,7 +51,9 @@ def test_prototype_inference_scores_are_negative_distances_to_the_bank() -> None
         scores = module(x)
     bank, available = client.bank, client.available  # type: ignore[attr-defined]
     expected = -torch.cdist(z, bank)
-    np.testing.assert_allclose(scores[:, available].numpy(), expected[:, available].numpy(), atol=1e-5)
+    np.testing.assert_allclose(
+        scores[:, available].numpy(), expected[:, available].numpy(), atol=1e-5
+    )
     assert (scores[:, ~available] <= -1e8).all()
 
 

@@ -208,7 +208,11 @@ def _edited(exported: Path, tmp_path: Path, edit: dict[str, object]) -> Path:
             "sensor.json: input.shape is [25, 64], the model takes samples of [24, 64]",
         ),
         (
-            {"classes": [str(i) for i in range(22)], "counts": list(range(22)), "output.classes": 22},
+            {
+                "classes": [str(i) for i in range(22)],
+                "counts": list(range(22)),
+                "output.classes": 22,
+            },
             "sensor.json: classes lists 22 classes, the model scores 21",
         ),
         (
@@ -234,7 +238,13 @@ def test_a_shard_of_another_client_is_refused(exported: Path, tmp_path: Path) ->
 
     mine = load_shard(exported / "shard")
     save_shard(
-        Shard(mine.x_train, mine.y_train, mine.x_test, mine.y_test, {"normalization": {"mean": [0.0] * 64, "std": [1.0] * 64}}),
+        Shard(
+            mine.x_train,
+            mine.y_train,
+            mine.x_test,
+            mine.y_test,
+            {"normalization": {"mean": [0.0] * 64, "std": [1.0] * 64}},
+        ),
         other,
     )
     result = sense(str(exported), "--input", f"shard:{other}", "--eval")

@@ -56,7 +56,9 @@ def add_sense_command(subparsers: Any) -> None:
     )
     sense.add_argument("--username", help="broker user name")
     sense.add_argument(
-        "--password-file", type=Path, help="file holding the broker password (or $MQTTFL_SENSE_PASSWORD)"
+        "--password-file",
+        type=Path,
+        help="file holding the broker password (or $MQTTFL_SENSE_PASSWORD)",
     )
     sense.add_argument("--tls-ca", help="CA certificate for mqtts://")
     sense.set_defaults(func=cmd_sense)

@@ -105,7 +105,9 @@ def _torch_scores(module: Any, x: np.ndarray, batch: int) -> np.ndarray:
     import torch
 
     with torch.no_grad():
-        parts = [module(torch.from_numpy(x[i : i + batch])).numpy() for i in range(0, len(x), batch)]
+        parts = [
+            module(torch.from_numpy(x[i : i + batch])).numpy() for i in range(0, len(x), batch)
+        ]
     return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
 
 

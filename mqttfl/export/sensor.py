@@ -26,8 +26,10 @@ def _raw_count(sub: dict[str, Any]) -> int | None:
     selection = str(sub.get("selection", ""))
     positions = list(sub.get("positions") or [])
     if selection.startswith("plan:"):
-        return len(positions) + len(sub.get("removed_null") or []) + len(
-            sub.get("removed_pilot") or []
+        return (
+            len(positions)
+            + len(sub.get("removed_null") or [])
+            + len(sub.get("removed_pilot") or [])
         )
     if selection == "all":
         return len(positions)

@@ -66,7 +66,9 @@ def decode_frame(payload: bytes, pre: Preprocess) -> tuple[np.ndarray, float | N
         secondary = int(sec[0])
     else:
         try:
-            frame = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_bin_len=MAX_FRAME_BYTES)
+            frame = msgpack.unpackb(
+                payload, raw=False, strict_map_key=True, max_bin_len=MAX_FRAME_BYTES
+            )
         except Exception as exc:  # noqa: BLE001 - msgpack raises several types
             raise FrameError(
                 "malformed", f"neither an ESP32 CSI line nor msgpack ({type(exc).__name__})"
@@ -82,7 +84,8 @@ def decode_frame(payload: bytes, pre: Preprocess) -> tuple[np.ndarray, float | N
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
         raise FrameError(
-            "nan", f"NaN or infinite value at I/Q position {int(bad[0])} (subcarrier {int(bad[0]) // 2})"
+            "nan",
+            f"NaN or infinite value at I/Q position {int(bad[0])} (subcarrier {int(bad[0]) // 2})",
         )
     if values.size == 0 or values.size % 2:
         raise FrameError("shape", f"{values.size} I/Q values, expected an even, non-zero count")

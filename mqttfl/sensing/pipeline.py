@@ -59,7 +59,9 @@ def capture_rows(capture: Capture, pre: Preprocess) -> np.ndarray:
 
 def frame_rows(csi: np.ndarray, pre: Preprocess, subcarrier_index: np.ndarray | None) -> np.ndarray:
     """Rows of complex packets (n, S[, rx, tx]) that arrived one by one (a gateway's)."""
-    capture = Capture(path=Path("<frames>"), fmt="frames", csi=csi, subcarrier_index=subcarrier_index)
+    capture = Capture(
+        path=Path("<frames>"), fmt="frames", csi=csi, subcarrier_index=subcarrier_index
+    )
     return capture_rows(capture, pre)
 
 

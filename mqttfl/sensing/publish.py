@@ -104,8 +104,10 @@ def discovery_config(spec: SensorSpec, topics: SensorTopics, version: str) -> di
 
 
 def iso_time(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z"
+    return (
+        datetime.fromtimestamp(seconds, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
     )
 
 

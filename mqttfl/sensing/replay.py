@@ -37,7 +37,9 @@ def guess_format(path: Path, spec: SensorSpec) -> str:
     if trained in FORMATS and (by_suffix is None or by_suffix == trained):
         return str(trained)
     if by_suffix is None:
-        raise DataError(path, f"cannot tell the capture format; pass --format ({', '.join(FORMATS)})")
+        raise DataError(
+            path, f"cannot tell the capture format; pass --format ({', '.join(FORMATS)})"
+        )
     return by_suffix
 
 

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from mqttfl import __version__
-from mqttfl.bus.transport import Bus, BrokerAddress, Credentials
+from mqttfl.bus.transport import BrokerAddress, Bus, Credentials
 from mqttfl.data.capture import fft_order_index
 from mqttfl.errors import DataError, MqttflError
 from mqttfl.logs import get_logger
@@ -94,7 +94,9 @@ class Tally:
 
 
 class Sensor:
-    def __init__(self, options: SenseOptions, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr):
+    def __init__(
+        self, options: SenseOptions, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr
+    ):
         self.options = options
         self.out, self.err = out, err
         self.tally = Tally()
@@ -117,7 +119,9 @@ class Sensor:
         if o.evaluate and o.source.kind != "shard":
             raise MqttflError("--eval needs --input shard:PATH (labelled windows)")
         if o.broker is None and not o.evaluate:
-            raise MqttflError("--broker is required (the readings go there), e.g. mqtt://127.0.0.1:1883")
+            raise MqttflError(
+                "--broker is required (the readings go there), e.g. mqtt://127.0.0.1:1883"
+            )
         if o.source.kind == "mqtt" and o.broker is None:
             raise MqttflError("--input mqtt:TOPIC needs --broker")
         if o.source.kind == "capture":
@@ -139,7 +143,10 @@ class Sensor:
 
     def _birth(self) -> list[tuple[str, bytes, bool]]:
         config = discovery_config(self.spec, self.topics, __version__)
-        return [(self.topics.availability, ONLINE, True), (self.topics.discovery, encode(config), True)]
+        return [
+            (self.topics.availability, ONLINE, True),
+            (self.topics.discovery, encode(config), True),
+        ]
 
     # --- sources ----------------------------------------------------------------------
     async def _capture_windows(self) -> AsyncIterator[Window]:
@@ -281,7 +288,9 @@ class Sensor:
             mine = f"{result[key]:.4f}"
             theirs = f"{run[key]:.4f}" if key in run else "-"
             lines.append(f"{key:10}{theirs:>10}{mine:>10}")
-        lines.append(f"{result['windows']} windows; run: round {run.get('round', '?')} of metrics.jsonl")
+        lines.append(
+            f"{result['windows']} windows; run: round {run.get('round', '?')} of metrics.jsonl"
+        )
         self.out.write("\n".join(lines) + "\n")
 
     async def run(self) -> int:

@@ -222,7 +222,11 @@ def parse_spec(data: Any) -> SensorSpec:
             "(window x features)"
         )
     classes = data.get("classes")
-    if not isinstance(classes, list) or len(classes) < 2 or not all(isinstance(c, str) for c in classes):
+    if (
+        not isinstance(classes, list)
+        or len(classes) < 2
+        or not all(isinstance(c, str) for c in classes)
+    ):
         raise ValueError("classes must list at least two class names")
     counts = data.get("counts", [None] * len(classes))
     if not isinstance(counts, list) or len(counts) != len(classes):
