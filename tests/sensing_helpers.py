@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.helpers import REPO, mqttfl
 
@@ -73,7 +74,7 @@ class Recorder:
     def __init__(self, port: int) -> None:
         self.messages: list[tuple[str, bytes, bool]] = []
         self.lock = threading.Lock()
-        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"rec-{time.time()}")
+        self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"rec-{time.time()}")
         self.client.on_message = self._on_message
         self.client.connect("127.0.0.1", port)
         self.client.subscribe("#", qos=1)

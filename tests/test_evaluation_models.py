@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mqttfl.algorithms import algorithm_names
-from mqttfl.export.client import _export_onnx, _onnx_scores
+from mqttfl.export.client import export_onnx, onnx_scores
 from mqttfl.models import build_model
 from mqttfl.models.names import MODEL_NAMES
 from mqttfl.models.scoring import Logits
@@ -71,9 +71,9 @@ def test_every_architecture_exports_to_onnx_within_1e_4_of_torch(arch: str, tmp_
     module = Logits(model).eval()
     x = np.random.default_rng(0).normal(size=(300, window, subcarriers)).astype(np.float32)
     path = tmp_path / "model.onnx"
-    _export_onnx(module, x[:4], path)
+    export_onnx(module, x[:4], path)
     with torch.no_grad():
         expected = torch.cat([module(torch.from_numpy(x[i : i + 256])) for i in (0, 256)]).numpy()
-    got = _onnx_scores(path, x, 256)  # a batch of 256, then one of 44: the batch axis is free
+    got = onnx_scores(path, x, 256)  # a batch of 256, then one of 44: the batch axis is free
     assert got.shape == expected.shape
     assert float(np.max(np.abs(got - expected))) <= 1e-4

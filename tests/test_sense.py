@@ -80,7 +80,8 @@ def test_gateway_frames_become_readings_published_with_discovery(
     assert process.returncode == 0, err
     states = [json.loads(p) for p in recorder.on(f"{BASE}/state")]
     printed = [json.loads(line) for line in out.splitlines()]
-    assert states == printed and len(states) == 3
+    assert states == printed
+    assert len(states) == 3
     # the frames carried the shard's windows: the readings are the model's answers on them
     expected = _scores(exported, windows).argmax(axis=1)
     assert [s["count"] for s in states] == [int(k) for k in expected]
@@ -91,7 +92,8 @@ def test_gateway_frames_become_readings_published_with_discovery(
     assert config["availability_topic"] == f"{BASE}/availability"
     assert config["value_template"] == "{{ value_json.count }}"
     assert config["unique_id"] == f"mqttfl_{NAME}_people_count"
-    assert config["device"]["identifiers"] and config["unit_of_measurement"] == "people"
+    assert config["device"]["identifiers"]
+    assert config["unit_of_measurement"] == "people"
     # the config and availability are retained: a late subscriber (Home Assistant
     # restarting) gets them at once
     late = Recorder(broker.port)
@@ -166,7 +168,8 @@ def test_a_capture_replays_at_its_recorded_rate(
     result = sense(str(exported), "--input", str(capture), "--broker", broker.url, "--once")
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.splitlines()) == 1 and "count=" in result.stdout
+    assert len(result.stdout.splitlines()) == 1
+    assert "count=" in result.stdout
     assert elapsed >= 0.23  # the first window's 24 packets take 0.23 s at 100 packets/s
     fast = sense(str(exported), "--input", str(capture), "--broker", broker.url, "--fast")
     assert fast.returncode == 0, fast.stderr

@@ -22,9 +22,11 @@ def test_espectre_recordings_replayed_give_the_shards_test_windows(client: int) 
     window, stride = 50, 25
     shard = espectre_shard(client, root=root, window=window, stride=stride)
     pre = preprocess_from_shard(shard, where="test")
-    assert pre.raw_subcarriers == 64 and len(pre.positions or ()) == 51
+    assert pre.raw_subcarriers == 64
+    assert len(pre.positions or ()) == 51
     assert pre.esp_centred == (ESPECTRE_CHIPS[client] in ("c5", "c6"))
-    assert pre.sample_rate_hz is not None and 90 < pre.sample_rate_hz < 140
+    assert pre.sample_rate_hz is not None
+    assert 90 < pre.sample_rate_hz < 140
     expected = []
     for rec in espectre_recordings(root)[ESPECTRE_CHIPS[client]]:
         if rec["kind"] == "test":

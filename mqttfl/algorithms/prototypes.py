@@ -193,7 +193,8 @@ class PrototypeClient(ClientSide):
         if self.ctx.params.inference == "prototype" and self.has_bank():
             from mqttfl.models.scoring import NearestPrototype
 
-            assert self.bank is not None and self.available is not None
+            assert self.bank is not None
+            assert self.available is not None
             return NearestPrototype(self.model, self.bank, self.available)
         return super().evaluation_model(t)
 

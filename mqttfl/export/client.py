@@ -77,7 +77,7 @@ def last_scores(run_dir: Path, client_id: str) -> dict[str, Any]:
     return {key: best[key] for key in keys if key in best}
 
 
-def _export_onnx(module: Any, example: np.ndarray, path: Path) -> None:
+def export_onnx(module: Any, example: np.ndarray, path: Path) -> None:
     """The dynamo exporter; its progress lines and warnings (torchvision absent, ...)
     are kept off the command's output."""
     import torch
@@ -101,7 +101,7 @@ def _export_onnx(module: Any, example: np.ndarray, path: Path) -> None:
     quiet.setLevel(level)
 
 
-def _torch_scores(module: Any, x: np.ndarray, batch: int) -> np.ndarray:
+def torch_scores(module: Any, x: np.ndarray, batch: int) -> np.ndarray:
     import torch
 
     with torch.no_grad():
@@ -111,7 +111,7 @@ def _torch_scores(module: Any, x: np.ndarray, batch: int) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
 
 
-def _onnx_scores(path: Path, x: np.ndarray, batch: int) -> np.ndarray:
+def onnx_scores(path: Path, x: np.ndarray, batch: int) -> np.ndarray:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -153,7 +153,7 @@ def export_client(
         raise DataError(state_path, "client state file not found")
     try:
         config = RunConfig.model_validate(summary["config"])
-    except Exception as exc:  # noqa: BLE001 - pydantic or ConfigError: name the file
+    except Exception as exc:
         raise DataError(run_dir / "summary.json", f"its config does not load: {exc}") from None
     shard = load_client_shard(
         config.data,
@@ -174,9 +174,9 @@ def export_client(
     out.mkdir(parents=True, exist_ok=True)
     x = shard.x_test if len(shard.x_test) else shard.x_train
     model_path = out / MODEL_FILE
-    _export_onnx(module, np.ascontiguousarray(x[: min(len(x), 4)]), model_path)
-    reference = _torch_scores(module, x, EVAL_BATCH)
-    scores = _onnx_scores(model_path, x, EVAL_BATCH)
+    export_onnx(module, np.ascontiguousarray(x[: min(len(x), 4)]), model_path)
+    reference = torch_scores(module, x, EVAL_BATCH)
+    scores = onnx_scores(model_path, x, EVAL_BATCH)
     deviation = float(np.max(np.abs(reference - scores))) if reference.size else 0.0
     agree = float(np.mean(reference.argmax(axis=1) == scores.argmax(axis=1))) if len(x) else 1.0
 

@@ -24,7 +24,8 @@ class Logits(nn.Module):
         self.model = model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)[0]
+        logits: torch.Tensor = self.model(x)[0]
+        return logits
 
 
 class NearestPrototype(nn.Module):

@@ -69,7 +69,7 @@ def decode_frame(payload: bytes, pre: Preprocess) -> tuple[np.ndarray, float | N
             frame = msgpack.unpackb(
                 payload, raw=False, strict_map_key=True, max_bin_len=MAX_FRAME_BYTES
             )
-        except Exception as exc:  # noqa: BLE001 - msgpack raises several types
+        except Exception as exc:
             raise FrameError(
                 "malformed", f"neither an ESP32 CSI line nor msgpack ({type(exc).__name__})"
             ) from None

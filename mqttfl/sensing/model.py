@@ -24,8 +24,9 @@ class Reading:
 
 def softmax(scores: np.ndarray) -> np.ndarray:
     shifted = scores - scores.max(axis=-1, keepdims=True)
-    e = np.exp(shifted.astype(np.float64))
-    return e / e.sum(axis=-1, keepdims=True)
+    e: np.ndarray = np.exp(shifted.astype(np.float64))
+    out: np.ndarray = e / e.sum(axis=-1, keepdims=True)
+    return out
 
 
 class SensorModel:
@@ -44,7 +45,7 @@ class SensorModel:
             self.session = ort.InferenceSession(
                 str(path), options, providers=["CPUExecutionProvider"]
             )
-        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
+        except Exception as exc:
             raise DataError(path, f"not a loadable ONNX model: {str(exc)[:200]}") from None
         self._check(Path(directory) / SPEC_FILE)
 

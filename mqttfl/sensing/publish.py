@@ -21,6 +21,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib import metadata
 from typing import Any
 
 from mqttfl.sensing.model import Reading
@@ -31,6 +32,13 @@ DISCOVERY_PREFIX = "homeassistant"
 OBJECT_ID = "people_count"
 ONLINE, OFFLINE = b"online", b"offline"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("mqttfl")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
 
 
 def check_name(name: str) -> str:

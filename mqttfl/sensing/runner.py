@@ -12,6 +12,7 @@ Sources (``--input``):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -23,7 +24,6 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from mqttfl import __version__
 from mqttfl.bus.transport import BrokerAddress, Bus, Credentials
 from mqttfl.data.capture import fft_order_index
 from mqttfl.errors import DataError, MqttflError
@@ -37,6 +37,7 @@ from mqttfl.sensing.publish import (
     SensorTopics,
     discovery_config,
     encode,
+    package_version,
     state_message,
 )
 from mqttfl.sensing.replay import guess_format, read_capture_file, read_shard, replay_rate
@@ -55,7 +56,7 @@ class Source:
     def parse(cls, text: str) -> Source:
         if text.startswith("mqtt:"):
             topic = text[5:]
-            if not topic or "#" in topic or "+" in topic and topic != "+":
+            if not topic or "#" in topic or ("+" in topic and topic != "+"):
                 raise MqttflError(f"--input {text!r}: name one topic after mqtt:, no wildcards")
             return cls("mqtt", topic)
         if text.startswith("shard:"):
@@ -142,7 +143,7 @@ class Sensor:
             raise MqttflError("--input mqtt:TOPIC needs a model that reads CSI windows")
 
     def _birth(self) -> list[tuple[str, bytes, bool]]:
-        config = discovery_config(self.spec, self.topics, __version__)
+        config = discovery_config(self.spec, self.topics, package_version())
         return [
             (self.topics.availability, ONLINE, True),
             (self.topics.discovery, encode(config), True),
@@ -276,7 +277,7 @@ class Sensor:
                 else:
                     self.tally.readings += 1
         report = classification_report(y, np.asarray(predicted, dtype=np.int64))
-        return {**report, "windows": int(len(y)), "run": self.spec.scores}
+        return {**report, "windows": len(y), "run": self.spec.scores}
 
     def _write_evaluation(self, result: dict[str, Any]) -> None:
         if self.options.json_lines:
@@ -321,10 +322,8 @@ class Sensor:
         finally:
             if task is not None:
                 task.cancel()
-                try:
+                with contextlib.suppress(asyncio.CancelledError):
                     await task
-                except asyncio.CancelledError:
-                    pass
         dropped = sum(self.tally.dropped.values())
         if dropped:
             detail = ", ".join(f"{k} {v}" for k, v in sorted(self.tally.dropped.items()))

@@ -50,7 +50,8 @@ class Preprocess:
         """``(x - mean) / std`` over the last axis, as the shard's Normalizer applied it."""
         if self.mean is None or self.std is None:
             return np.ascontiguousarray(windows, dtype=np.float32)
-        return ((windows - self.mean) / self.std).astype(np.float32)
+        out: np.ndarray = ((windows - self.mean) / self.std).astype(np.float32)
+        return out
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class SensorSpec:
 
 def _need(table: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
     value = table.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
         raise ValueError(f"{where}{key} must be {names}, got {value!r:.60}")
     return value
