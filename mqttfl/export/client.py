@@ -85,20 +85,22 @@ def export_onnx(module: Any, example: np.ndarray, path: Path) -> None:
     quiet = logging.getLogger("torch.onnx")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module,
-            (torch.from_numpy(example),),
-            str(path),
-            input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME],
-            dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
-            opset_version=OPSET,
-            dynamo=True,
-            external_data=False,
-        )
-    quiet.setLevel(level)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module,
+                (torch.from_numpy(example),),
+                str(path),
+                input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME],
+                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+                opset_version=OPSET,
+                dynamo=True,
+                external_data=False,
+            )
+    finally:
+        quiet.setLevel(level)
 
 
 def torch_scores(module: Any, x: np.ndarray, batch: int) -> np.ndarray:

@@ -56,7 +56,7 @@ class Source:
     def parse(cls, text: str) -> Source:
         if text.startswith("mqtt:"):
             topic = text[5:]
-            if not topic or "#" in topic or ("+" in topic and topic != "+"):
+            if not topic or "#" in topic or "+" in topic:
                 raise MqttflError(f"--input {text!r}: name one topic after mqtt:, no wildcards")
             return cls("mqtt", topic)
         if text.startswith("shard:"):
