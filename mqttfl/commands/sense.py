@@ -70,7 +70,7 @@ def cmd_sense(args: argparse.Namespace) -> int:
     from mqttfl.sensing.publish import check_name
     from mqttfl.sensing.runner import SenseOptions, Sensor, Source
 
-    configure_logging(None, level="warning")
+    configure_logging(None, level="error")  # the sensor writes its own lines (dropped frames)
     if args.name is not None:
         try:
             check_name(args.name)
