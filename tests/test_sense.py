@@ -295,3 +295,12 @@ def test_sensing_modules_never_import_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_an_unreachable_broker_is_one_line(exported: Path) -> None:
+    from mqttfl.provisioning.local_broker import free_port
+
+    url = f"mqtt://127.0.0.1:{free_port()}"  # nobody listens there
+    result = sense(str(exported), "--input", f"shard:{exported / 'shard'}", "--broker", url)
+    assert result.returncode == 2
+    assert result.stderr == f"mqttfl: error: could not connect to {url} within 10s\n"
