@@ -279,7 +279,8 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    bench_main("sense", "sensing benchmark", run)
+    part = os.environ.get("BENCH_SENSE_PART", "all")
+    bench_main("sense" if part == "all" else f"sense-{part}", "sensing benchmark", run)
 
 
 if __name__ == "__main__":
