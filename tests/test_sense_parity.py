@@ -86,7 +86,7 @@ def _check(run: Path, export: Path, client: str) -> None:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_sense_reproduces_the_synthetic_run(method: str, tmp_path: Path) -> None:
-    arch = "transformer" if method == "fedali" else "middle"
+    arch = "transformer" if method == "fedali" else "large"
     run, export = run_and_export(
         tmp_path,
         "configs/fedapa-csi.toml",

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from mqttfl.data.capture import FORMATS, Capture, load_capture
-from mqttfl.data.shard import Shard, load_shard
+from mqttfl.data.shard import ARRAYS_FILE, META_FILE, Shard, read_json_file
 from mqttfl.errors import DataError
 from mqttfl.sensing.spec import SensorSpec
 
@@ -62,9 +63,39 @@ def replay_rate(path: Path, spec: SensorSpec, override: float | None) -> float:
     return rate
 
 
+def read_test_split(path: Path) -> Shard:
+    """A shard's test split alone (a device has no use for the training windows, which
+    can be most of its memory); checked as :func:`~mqttfl.data.shard.load_shard` checks."""
+    path = Path(path)
+    if not path.is_dir():
+        raise DataError(path, "shard directory not found")
+    meta = read_json_file(path / META_FILE)
+    arrays = path / ARRAYS_FILE
+    if not arrays.is_file():
+        raise DataError(arrays, "file not found")
+    try:
+        with np.load(arrays, allow_pickle=False) as npz:
+            missing = [k for k in ("x_test", "y_test") if k not in npz.files]
+            if missing:
+                raise DataError(arrays, f"missing arrays: {', '.join(missing)}")
+            x, y = npz["x_test"], npz["y_test"]
+    except DataError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise DataError(arrays, f"corrupt npz: {exc}") from None
+    if not isinstance(meta, dict):
+        raise DataError(path / META_FILE, "expected a JSON object")
+    empty_x = np.zeros((0, *x.shape[1:]), np.float32)
+    try:
+        return Shard(empty_x, np.zeros(0, np.int64), x, y, meta)
+    except DataError as exc:
+        raise DataError(arrays, str(exc).removeprefix("<memory>: ")) from None
+
+
 def read_shard(path: Path, spec: SensorSpec) -> Shard:
-    """A shard whose samples the model reads as they are; DataError naming what differs."""
-    shard = load_shard(path)
+    """A shard's test split, whose samples the model reads as they are; DataError naming
+    what differs from sensor.json."""
+    shard = read_test_split(path)
     if shard.sample_shape != spec.input_shape:
         raise DataError(
             path,
