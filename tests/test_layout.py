@@ -29,10 +29,12 @@ RANK = {
     "engine": 6,  # the pure round loop: no MQTT
     "bus": 6,  # MQTT transport
     "provisioning": 7,
+    "sensing": 7,  # torch-free: an exported model on CSI, readings to MQTT
     "nodes": 8,  # the coordinator and the clients: adapters of the engine over the bus
     "monitor": 9,
     "launch": 9,
     "testing": 9,
+    "export": 9,  # a finished run's client rebuilt and traced to ONNX
     "evaluation": 10,
     "commands": 11,
     "__init__": 12,  # the package's public surface

@@ -156,6 +156,15 @@ class ClientSide(ABC):
         """Class predictions of the personalized model (classifier head by default)."""
         return cast("np.ndarray", predict_logits(self.model, x).argmax(axis=1))
 
+    def evaluation_model(self, t: int) -> torch.nn.Module:
+        """The model this client predicts with once round ``t``'s downlinks are applied, as
+        one module mapping a batch of samples to class scores whose argmax is
+        :meth:`predict`'s answer (``mqttfl export`` writes it as ONNX). The classifier
+        head's logits by default."""
+        from mqttfl.models.scoring import Logits
+
+        return Logits(self.model)
+
     def extra_metrics(self, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
         """Further metrics published beside accuracy/F1/MAE (e.g. a second inference)."""
         return {}

@@ -213,6 +213,11 @@ class FedAliClient(FedAvgClient):
             if shared is not None:
                 layer.shared = torch.from_numpy(np.asarray(shared, np.float32))
 
+    def evaluation_model(self, t: int) -> torch.nn.Module:
+        """The model trained in round ``t`` (not the averaged weights kept for the next
+        round), its ALP layers matching tokens to the local prototypes in eval mode."""
+        return super().evaluation_model(t)
+
     def local_optimizer(self) -> torch.optim.Optimizer:
         """A fresh Adam(lr) per round, as the official code compiles one per round; or the
         run's persistent ``[train]`` SGD with ``local_optimizer = "train"``."""

@@ -100,6 +100,12 @@ class FedPAMClient(FedAvgClient):
         ]
         return torch.cat(parts).numpy() if parts else np.zeros(0, np.int64)
 
+    def evaluation_model(self, t: int) -> nn.Module:
+        """The adjusted head W·P_k over the encoder, as :meth:`predict` scores."""
+        from mqttfl.models.scoring import AdjustedHead
+
+        return AdjustedHead(self.model, self.pam)
+
     def state_dict(self) -> dict[str, Any]:
         return {"pam": self.pam.detach().numpy().copy()}
 

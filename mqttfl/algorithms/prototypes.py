@@ -187,6 +187,17 @@ class PrototypeClient(ClientSide):
             return proto
         return head
 
+    def evaluation_model(self, t: int) -> torch.nn.Module:
+        """The head's logits, or with ``inference = "prototype"`` (once a bank arrived)
+        the negative distance to each global prototype."""
+        if self.ctx.params.inference == "prototype" and self.has_bank():
+            from mqttfl.models.scoring import NearestPrototype
+
+            assert self.bank is not None
+            assert self.available is not None
+            return NearestPrototype(self.model, self.bank, self.available)
+        return super().evaluation_model(t)
+
     def extra_metrics(self, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
         """Both inference strategies (FedSAP Sec. 4.1): ``head_*`` and ``proto_*``."""
         head, proto = self._both_predictions(x)

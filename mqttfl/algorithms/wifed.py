@@ -22,6 +22,7 @@ from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
 from mqttfl.wire.ids import client_number
 
 if TYPE_CHECKING:
+    import torch
     import torch.nn.functional as F
 
     from mqttfl.models import EmbeddingModel
@@ -63,6 +64,14 @@ class WiFedClient(FedAvgClient):
                 rng=rng,
             )
         return tuned
+
+    def evaluation_model(self, t: int) -> torch.nn.Module:
+        """The copy fine-tuned from round ``t``'s global model, as :meth:`predict` uses it."""
+        from mqttfl.models.scoring import Logits
+
+        if self.personal is None or self.personal_round != t:
+            self.personal, self.personal_round = self.finetune(t), t
+        return Logits(self.personal)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Predictions of the copy fine-tuned from the latest global model."""

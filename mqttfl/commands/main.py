@@ -15,10 +15,12 @@ from mqttfl.commands.common import first_mqttfl_error
 from mqttfl.commands.compare import add_compare_command
 from mqttfl.commands.coordinator import add_coordinator_command
 from mqttfl.commands.data import add_data_commands
+from mqttfl.commands.export import add_export_command
 from mqttfl.commands.fleet import add_fleet_command
 from mqttfl.commands.models import add_models_command
 from mqttfl.commands.report import add_report_command
 from mqttfl.commands.run import add_run_command
+from mqttfl.commands.sense import add_sense_command
 from mqttfl.commands.watch import add_watch_command
 from mqttfl.errors import MqttflError
 
@@ -36,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_command(sub)
     add_broker_commands(sub)
     add_watch_command(sub)
+    add_export_command(sub)
+    add_sense_command(sub)
     return parser
 
 

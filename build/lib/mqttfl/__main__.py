@@ -1,0 +1,3 @@
+from mqttfl.commands.main import main
+
+raise SystemExit(main())

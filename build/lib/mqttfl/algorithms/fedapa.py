@@ -1,0 +1,418 @@
+"""FedAPA: adaptive prototype aggregation (../shared/seeds/000_a5a72d69d197eb5b.txt).
+
+Clients share class prototypes only (Eq. 4): no per-class sample counts, since the
+server never reads them (Eq. 8 pads with the plain mean over holders), and a label
+histogram is more than the paper's privacy argument (prototypes only) hands over. The
+server weighs peers' prototypes by cosine similarity (Eq. 5) through a softmax with
+temperature τ (Eq. 6) into one personalized prototype set Q_i per client (Eq. 7), pads
+the classes a client lacks with the mean over the clients that have them in both Q_i
+and P_i (Eq. 8), and returns Q_i to client i and the full padded set P to everyone
+(Algorithm 1). The client adds λ_t·(L_g + L_c) to its cross-entropy (Eq. 12), where
+L_g aligns embeddings with Q_i (Eq. 9), L_c with every client's P_j (Eq. 10), and λ_t
+follows the cosine warm-up of Eq. 11 (Algorithm 2).
+
+**Bounded downlinks.** Eq. 10's L_c needs P, every client's padded set: N·C·d·4 bytes
+per client-round, N² in all (2.15 MB per client at N=100, C=21, d=256). With more than
+k+1 uploads in a round (k = ``max_peer_sets``), the broadcast instead carries one sample
+S of k+1 padded sets, drawn uniformly without replacement from all N (seeded by run and
+round), the same for every client; client i's personal downlink adds its own set P_i and
+the weights of its L_c: 1/N for P_i, (N-1)/(N·m) for each of the m members of S other
+than i, 0 for itself if drawn. Given m, S∖{i} is a uniform m-subset of i's peers, so
+the weighted L_c is an unbiased estimate of Eq. 10's (1/N)·Σ_j for every client. A client
+receives k+3 sets (S, P_i, Q_i): 236.5 KB at k=8, C=21, d=256, for any N. One shared
+sample rather than one per client because the coordinator then encodes, checkpoints and
+publishes S once and two sets per client (43 MB at N=1000, not 237 MB), and the broker
+fans the broadcast out; each client's estimate is as unbiased as with its own sample.
+Sampling keeps peers the server finds dissimilar in play, as Eq. 10 does; the k most
+similar (Eq. 5) would bias L_c toward sets L_g already pulls toward. With N ≤ k+1, S is
+every set, sent once in the broadcast with no weights, exactly as the paper's Algorithm 1
+(the default 6-client job).
+
+The two Table IV ablations reuse this module: ``fedapa-global-avg`` replaces Eqs. 5-7
+with one plain mean per class and drops L_c; ``fedapa-global-avg-client-protos`` keeps
+the plain mean and keeps L_c.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from mqttfl.algorithms.base import (
+    Algorithm,
+    ClientSide,
+    Context,
+    Downlinks,
+    ServerSide,
+    Upload,
+    expect_array,
+)
+from mqttfl.errors import WireError
+from mqttfl.logs import get_logger
+from mqttfl.training.lazy import lazy_import
+from mqttfl.training.loops import class_prototypes, embed_all
+from mqttfl.wire.schemas import ArrayField, ClientInfo, PayloadSchema
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+    from torch import Tensor
+else:
+    torch = lazy_import("torch")
+    F = lazy_import("torch.nn.functional")
+
+#: the paper's default T_warm (stated under Eq. 11)
+PAPER_WARMUP_ROUNDS = 50
+
+
+class FedAPAParams(BaseModel):
+    """Defaults are the paper's: τ=0.5, λ from 0 to 1 over T_warm=50 rounds.
+
+    Left unset, ``warmup_rounds`` is the paper's 50 capped at half the run
+    (:func:`warmup_length`), so a run shorter than 100 rounds still reaches λ_max and
+    spends its second half there; set it to pin T_warm.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tau: float = Field(0.5, gt=0)
+    lambda_min: float = Field(0.0, ge=0)
+    lambda_max: float = Field(1.0, ge=0)
+    warmup_rounds: int | None = Field(None, ge=1)
+    aggregation: Literal["similarity", "mean"] = "similarity"
+    use_client_prototypes: bool = True
+    # k: above k+1 uploads, the broadcast carries k+1 sampled sets, not all N
+    max_peer_sets: int = Field(8, ge=1)
+
+
+def warmup_length(rounds: int, warmup_rounds: int | None) -> int:
+    """T_warm of Eq. 11: ``warmup_rounds`` if set, else min(50, max(1, ⌊T/2⌋))."""
+    if warmup_rounds is not None:
+        return warmup_rounds
+    return min(PAPER_WARMUP_ROUNDS, max(1, rounds // 2))
+
+
+def warmup_lambda(t: int, *, lambda_min: float, lambda_max: float, warmup_rounds: int) -> float:
+    """Eq. 11: λ_t = λ_min + (λ_max-λ_min)/2 · (1 - cos(π u_t)), u_t = min(t, T_warm)/T_warm."""
+    u = min(t, warmup_rounds) / warmup_rounds
+    return lambda_min + (lambda_max - lambda_min) / 2.0 * (1.0 - math.cos(math.pi * u))
+
+
+def _softmax_masked(logits: np.ndarray, mask: np.ndarray, axis: int) -> np.ndarray:
+    shifted = np.where(mask, logits, -np.inf)
+    peak = np.max(shifted, axis=axis, keepdims=True)
+    peak = np.where(np.isfinite(peak), peak, 0.0)
+    weights = np.where(mask, np.exp(shifted - peak), 0.0)
+    total = weights.sum(axis=axis, keepdims=True)
+    return cast(
+        "np.ndarray", np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
+    )
+
+
+def similarity_weights(prototypes: np.ndarray, mask: np.ndarray, tau: float) -> np.ndarray:
+    """Eqs. 5-6: α[c, i, j] = softmax_j over J_c(i) of cos(p_i^c, p_j^c)/τ.
+
+    ``prototypes`` is (N, C, d), ``mask`` (N, C) marks the classes each client has.
+    J_c(i) holds the clients j (i itself included) that share class c with i.
+    """
+    norms = np.linalg.norm(prototypes, axis=2, keepdims=True)
+    unit = prototypes / np.maximum(norms, 1e-12)
+    per_class = np.ascontiguousarray(unit.transpose(1, 0, 2))  # (C, N, d)
+    similarity = per_class @ per_class.transpose(0, 2, 1)  # (C, N, N), Eq. 5
+    eligible = mask.T[:, :, None] & mask.T[:, None, :]
+    return _softmax_masked(similarity / tau, eligible, axis=2)  # Eq. 6
+
+
+def personalized_prototypes(prototypes: np.ndarray, mask: np.ndarray, tau: float) -> np.ndarray:
+    """Eqs. 5-7 for every client and class: q_i^c = Σ_j α_ij^c p_j^c, as (N, C, d).
+
+    The same α as :func:`similarity_weights`, without materializing it: with u the unit
+    prototypes, e_ij = exp((u_i·u_j - u_i·u_i)/τ) shifts each row by its own similarity,
+    which is the row's maximum (Cauchy-Schwarz), so this is the usual stable softmax; the
+    peers j outside J_c(i) are masked by zeroing their rows of the right-hand side, and the
+    normalizer Σ_j e_ij is one more column of the same product. Two batched matmuls of
+    (C, N, N) and no elementwise pass over α; rows of clients lacking c are left to Eq. 8.
+    """
+    per_class = np.ascontiguousarray(prototypes.transpose(1, 0, 2), dtype=np.float32)  # (C, N, d)
+    held = np.ascontiguousarray(mask.T, dtype=np.float32)[:, :, None]  # (C, N, 1)
+    norms = np.linalg.norm(per_class, axis=2, keepdims=True)
+    scaled = per_class / np.maximum(norms, 1e-12)
+    scaled *= np.float32(1.0 / math.sqrt(tau))
+    logits = scaled @ scaled.transpose(0, 2, 1)  # (C, N, N): cos(p_i, p_j)/τ, Eq. 5
+    logits -= np.einsum("cnd,cnd->cn", scaled, scaled)[:, :, None]
+    np.exp(logits, out=logits)
+    out = logits @ np.concatenate([per_class * held, held], axis=2)  # (C, N, d+1)
+    q = out[..., :-1] / np.maximum(out[..., -1:], np.finfo(np.float32).tiny)  # Eqs. 6-7
+    return cast("np.ndarray", q.transpose(1, 0, 2))
+
+
+def aggregate_prototypes(
+    prototypes: np.ndarray, mask: np.ndarray, *, tau: float, similarity: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Algorithm 1, lines 5-11, vectorized over clients and classes.
+
+    Returns (Q (N, C, d), padded P (N, C, d), available (C,)). For a class c that client
+    i lacks, Eq. 8 sets p_i^c = q_i^c = the mean of p_j^c over the clients j that have c
+    (the equation's uniform 1/|J_c| mean). A class nobody has stays zero and unavailable.
+    """
+    prototypes = prototypes.astype(np.float32, copy=False)
+    counts = mask.sum(axis=0)  # (C,)
+    available = counts > 0
+    class_mean = np.einsum("nc,ncd->cd", mask.astype(np.float32), prototypes)
+    class_mean /= np.maximum(counts, 1)[:, None]
+    if similarity:
+        q = personalized_prototypes(prototypes, mask, tau)
+    else:
+        q = np.broadcast_to(class_mean, prototypes.shape)
+    missing = ~mask[:, :, None]
+    q = np.where(missing, class_mean[None], q).astype(np.float32)
+    padded = np.where(missing, class_mean[None], prototypes).astype(np.float32)
+    return q, padded, available
+
+
+def prototype_contrast(
+    embedding: Tensor,
+    anchors: Tensor,
+    y: Tensor,
+    available: Tensor,
+    tau: float,
+    set_weights: Tensor | None = None,
+) -> Tensor:
+    """Eqs. 9-10: E[-log softmax_ŷ(cos(r(h), a^ŷ)/τ)[y]] over the available classes.
+
+    ``anchors`` is (C, d) for L_g or (N, C, d) for L_c; for the latter the loss is the
+    mean over the N prototype sets (the 1/N Σ_j of Eq. 10), or with ``set_weights``
+    (M,) the weighted sum over M sampled sets (the bounded downlink's estimate of it).
+    """
+    keep = available[y]
+    if not bool(keep.any()):
+        return embedding.sum() * 0.0
+    z = F.normalize(embedding[keep], dim=1)
+    target = y[keep]
+    sets = anchors if anchors.dim() == 3 else anchors.unsqueeze(0)
+    unit = F.normalize(sets, dim=2)
+    logits = torch.einsum("bd,ncd->nbc", z, unit) / tau
+    logits = logits.masked_fill(~available.view(1, 1, -1), float("-inf"))
+    n = logits.shape[0]
+    if set_weights is None:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[2]), target.repeat(n))
+    per_set = F.cross_entropy(
+        logits.reshape(-1, logits.shape[2]), target.repeat(n), reduction="none"
+    ).view(n, -1)
+    return (set_weights.to(per_set.dtype) * per_set.mean(dim=1)).sum()
+
+
+def shared_sample(n: int, size: int, *, seed: int, t: int) -> np.ndarray:
+    """The round's sample S: ``size`` of the n sets, uniformly without replacement, sorted
+    (seeded by run and round, so a re-sent downlink is the same)."""
+    rng = np.random.default_rng([seed, t, 10])
+    return np.sort(rng.choice(n, size=size, replace=False))
+
+
+def sample_weights(n: int, sample: np.ndarray, row: int) -> np.ndarray:
+    """Client ``row``'s L_c weights over [its own set, *S]: 1/n for its own, (n-1)/(n·m)
+    for each of the m members of S other than itself, 0 for itself (they sum to 1)."""
+    others = sample != row
+    weights = np.zeros(len(sample) + 1, np.float32)
+    weights[0] = 1.0 / n
+    weights[1:][others] = (n - 1) / (n * int(others.sum()))
+    return weights
+
+
+def prototype_schema(ctx: Context, *, counts: bool = False) -> PayloadSchema:
+    """Per-class prototypes, nothing else; per-class sample counts too with ``counts``
+    (for a server that weights by them, e.g. FedProto's ``proto_weighting="samples"``)."""
+    fields = {
+        "classes": ArrayField("int64", ("k",), 0, ctx.num_classes - 1, unique=True),
+        "prototypes": ArrayField("float32", ("k", ctx.embed_dim)),
+    }
+    if counts:
+        fields["counts"] = ArrayField("int64", ("k",), 1, None)
+    return PayloadSchema(fields, dims={"k": (1, ctx.num_classes)})
+
+
+def stack_uploads(
+    uploads: list[Upload], num_classes: int, dim: int
+) -> tuple[np.ndarray, np.ndarray]:
+    protos = np.zeros((len(uploads), num_classes, dim), np.float32)
+    mask = np.zeros((len(uploads), num_classes), bool)
+    for row, upload in enumerate(uploads):
+        classes = upload.body["classes"]
+        protos[row, classes] = upload.body["prototypes"]
+        mask[row, classes] = True
+    return protos, mask
+
+
+class FedAPAServer(ServerSide):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.warmup_rounds = warmup_length(ctx.rounds, ctx.params.warmup_rounds)
+        if self.warmup_rounds > ctx.rounds:
+            get_logger().warning(
+                "fedapa.warmup_exceeds_run",
+                warmup_rounds=self.warmup_rounds,
+                rounds=ctx.rounds,
+                reason="λ_t never reaches lambda_max in this run",
+            )
+
+    def round_params(self, t: int) -> dict[str, Any]:
+        p: FedAPAParams = self.ctx.params
+        lam = warmup_lambda(
+            t, lambda_min=p.lambda_min, lambda_max=p.lambda_max, warmup_rounds=self.warmup_rounds
+        )
+        return {"lambda": lam}
+
+    def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks:
+        p: FedAPAParams = self.ctx.params
+        protos, mask = stack_uploads(uploads, self.ctx.num_classes, self.ctx.embed_dim)
+        q, padded, available = aggregate_prototypes(
+            protos, mask, tau=p.tau, similarity=p.aggregation == "similarity"
+        )
+        broadcast: dict[str, Any] = {"available": available.astype(np.uint8)}
+        personal: dict[str, dict[str, Any]] = {u.client_id: {} for u in uploads}
+        n, k = len(uploads), p.max_peer_sets
+        if p.use_client_prototypes and n <= k + 1:
+            broadcast["prototypes"] = padded  # exact Eq. 10: every set, once
+        elif p.use_client_prototypes:  # bounded: one shared sample, own set and weights
+            sample = shared_sample(n, k + 1, seed=self.ctx.seed, t=t)
+            broadcast["prototypes"] = padded[sample]
+            for row, upload in enumerate(uploads):
+                personal[upload.client_id] = {
+                    "own": padded[row],
+                    "set_weights": sample_weights(n, sample, row),
+                }
+        if p.aggregation == "mean":  # one global set: send it once, not per client
+            broadcast["global"] = q[0] if len(q) else q.reshape(0, self.ctx.embed_dim)
+        else:
+            for row, upload in enumerate(uploads):
+                personal[upload.client_id]["q"] = q[row]
+        return Downlinks(broadcast=broadcast, personal={c: b for c, b in personal.items() if b})
+
+
+class FedAPAClient(ClientSide):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.q: Tensor | None = None  # (C, d) personalized Q_i
+        self.p: Tensor | None = None  # (N, C, d) padded P, or (k+2, C, d): P_i and S
+        self.p_weights: Tensor | None = None  # (k+2,) their weights, with a sample
+        self.available: Tensor | None = None  # (C,) bool
+
+    @classmethod
+    def upload_schema(cls, ctx: Context, info: ClientInfo) -> PayloadSchema:
+        return prototype_schema(ctx)
+
+    def loss(
+        self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor
+    ) -> Tensor:
+        """Eq. 12: L = L_ce + λ_t (L_g(Q_i) + L_c(P))."""
+        loss = F.cross_entropy(logits, y)
+        lam = float(params.get("lambda", 0.0))
+        if lam <= 0.0 or self.q is None or self.available is None:
+            return loss
+        tau = self.ctx.params.tau
+        extra = prototype_contrast(embedding, self.q, y, self.available, tau)
+        if self.p is not None:
+            extra = extra + prototype_contrast(
+                embedding, self.p, y, self.available, tau, self.p_weights
+            )
+        return loss + lam * extra
+
+    def make_upload(self, t: int) -> dict[str, Any]:
+        """Eq. 4 over the local training set with the freshly trained encoder; the
+        per-class counts stay on the device."""
+        embeddings = embed_all(self.model, self.shard.x_train)
+        classes, protos, _ = class_prototypes(embeddings, self.shard.y_train)
+        return {"classes": classes, "prototypes": protos}
+
+    def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+        c, d = self.ctx.num_classes, self.ctx.embed_dim
+        expect_array(broadcast, "available", (c,), kind="biu")
+        expect_array(broadcast, "prototypes", (None, c, d))
+        expect_array(broadcast, "global", (c, d))
+        mine = personal or {}
+        expect_array(mine, "q", (c, d))
+        own = expect_array(mine, "own", (c, d))
+        weights = expect_array(mine, "set_weights", (None,))
+        if (own is None) != (weights is None):
+            raise WireError("missing_field", "the own set comes with the sample's weights")
+        if weights is not None and (weights < 0).any():
+            raise WireError("range", "negative sample weights")
+
+    def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+        if "available" not in broadcast:
+            return
+        self.available = torch.from_numpy(broadcast["available"].astype(bool))
+        self.p, self.p_weights = None, None
+        sets = broadcast.get("prototypes")
+        if personal is not None and "own" in personal:  # a sample S: [P_i, *S], weighted
+            weights = personal["set_weights"]
+            if sets is not None and len(weights) == len(sets) + 1:
+                self.p = torch.from_numpy(np.concatenate([personal["own"][None], sets]))
+                self.p_weights = torch.from_numpy(weights)
+            else:
+                get_logger().warning(
+                    "downlink.inconsistent", round=t, reason="sample weights do not fit S"
+                )
+        elif sets is not None:
+            self.p = torch.from_numpy(sets)
+        if "global" in broadcast:
+            self.q = torch.from_numpy(broadcast["global"])
+        elif personal is not None and "q" in personal:
+            self.q = torch.from_numpy(personal["q"])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            name: value.numpy()
+            for name, value in (
+                ("q", self.q),
+                ("p", self.p),
+                ("p_weights", self.p_weights),
+                ("available", self.available),
+            )
+            if value is not None
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in ("q", "p", "p_weights", "available"):
+            if name in state:
+                setattr(self, name, torch.from_numpy(np.asarray(state[name])))
+
+
+class GlobalAvgParams(FedAPAParams):
+    """Table IV, row 1: one global mean prototype per class, no L_c."""
+
+    aggregation: Literal["similarity", "mean"] = "mean"
+    use_client_prototypes: bool = False
+
+
+class GlobalAvgClientProtosParams(FedAPAParams):
+    """Table IV, row 2: one global mean prototype per class, with L_c."""
+
+    aggregation: Literal["similarity", "mean"] = "mean"
+
+
+ALGORITHMS = (
+    Algorithm(
+        "fedapa",
+        FedAPAServer,
+        FedAPAClient,
+        FedAPAParams,
+        summary="similarity-weighted personalized prototypes (FedAPA)",
+    ),
+    Algorithm(
+        "fedapa-global-avg",
+        FedAPAServer,
+        FedAPAClient,
+        GlobalAvgParams,
+        summary="FedAPA ablation: global mean prototypes, no L_c",
+    ),
+    Algorithm(
+        "fedapa-global-avg-client-protos",
+        FedAPAServer,
+        FedAPAClient,
+        GlobalAvgClientProtosParams,
+        summary="FedAPA ablation: global mean prototypes with L_c",
+    ),
+)

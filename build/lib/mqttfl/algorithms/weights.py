@@ -1,0 +1,81 @@
+"""Model weights as one flat float32 vector: the payload of parameter-sharing methods."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+
+from mqttfl.algorithms.base import Context, Upload
+from mqttfl.errors import MqttflError
+from mqttfl.models.sizes import weight_count
+from mqttfl.training.lazy import lazy_import
+from mqttfl.wire.schemas import ClientInfo
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:
+    torch = lazy_import("torch")
+    nn = lazy_import("torch.nn")
+
+
+def _float_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    # Parameters and BatchNorm running statistics; the integer batch counter stays local.
+    return [(k, v) for k, v in model.state_dict().items() if v.is_floating_point()]
+
+
+def flatten_weights(model: nn.Module) -> np.ndarray:
+    return torch.cat([v.detach().reshape(-1).float() for _, v in _float_entries(model)]).numpy()
+
+
+def load_weights(model: nn.Module, flat: np.ndarray) -> None:
+    entries = _float_entries(model)
+    expected = sum(v.numel() for _, v in entries)
+    if flat.shape != (expected,):
+        raise MqttflError(f"weight vector has shape {flat.shape}, model needs ({expected},)")
+    state = {}
+    offset = 0
+    for name, value in entries:
+        n = value.numel()
+        state[name] = torch.from_numpy(flat[offset : offset + n].copy()).reshape(value.shape)
+        offset += n
+    model.load_state_dict(state, strict=False)
+
+
+def weights_length(ctx: Context, info: ClientInfo) -> int:
+    """Length of the flat weight vector of the client's announced architecture, counted
+    from its shapes (:mod:`mqttfl.models.sizes`: the coordinator never builds a model)."""
+    input_dim = int(np.prod(info.sample_shape)) if len(info.sample_shape) == 1 else None
+    return weight_count(
+        info.arch, num_classes=ctx.num_classes, embed_dim=ctx.embed_dim, input_dim=input_dim
+    )
+
+
+def group_key(info: ClientInfo) -> str:
+    """Clients average only with identical architectures (and input widths for MLPs)."""
+    if len(info.sample_shape) == 1:
+        return f"{info.arch}-{info.sample_shape[0]}"
+    return info.arch
+
+
+def weighted_average(vectors: list[np.ndarray], weights: list[float] | np.ndarray) -> np.ndarray:
+    """Σ_k w_k θ_k / Σ_k w_k; the weights are required (no silent plain mean)."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (len(vectors),) or w.sum() <= 0:
+        raise ValueError("weighted_average needs one positive weight per vector")
+    stacked = np.stack(vectors).astype(np.float64)
+    return cast("np.ndarray", (w @ stacked / w.sum()).astype(np.float32))
+
+
+def average_by_group(uploads: list[Upload], weights: dict[str, float]) -> dict[str, np.ndarray]:
+    """Weighted FedAvg of ``body['weights']`` within each architecture group."""
+    groups: dict[str, list[Upload]] = {}
+    for upload in uploads:
+        groups.setdefault(group_key(upload.info), []).append(upload)
+    return {
+        key: weighted_average(
+            [u.body["weights"] for u in members], [weights[u.client_id] for u in members]
+        )
+        for key, members in groups.items()
+    }

@@ -1,0 +1,139 @@
+"""``mqttfl broker init``: write a locked-down Mosquitto's files for one deployment."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from mqttfl.bus.transport import BrokerAddress
+from mqttfl.config import load_config
+from mqttfl.data.sources import client_id_problem
+from mqttfl.errors import MqttflError
+from mqttfl.provisioning.broker_init import (
+    DEFAULT_MAX_PACKET,
+    WATCH,
+    client_ids,
+    init_broker,
+    read_env_file,
+)
+from mqttfl.provisioning.sites import EdgeBridge, parse_bridges
+from mqttfl.wire.control import COORDINATOR
+from mqttfl.wire.ids import is_numeric_id
+
+
+def add_broker_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
+    broker = subparsers.add_parser("broker", help="set up a secured Mosquitto for a deployment")
+    commands = broker.add_subparsers(dest="broker_command", required=True)
+    init = commands.add_parser(
+        "init", help="write mosquitto.conf, a password file, an ACL (and TLS files)"
+    )
+    who = init.add_mutually_exclusive_group(required=True)
+    who.add_argument("--clients", type=int, help="client identities 0..N-1")
+    who.add_argument("--ids", help="client identities, comma-separated")
+    init.add_argument("--out", type=Path, required=True, help="directory for the broker files")
+    init.add_argument(
+        "--config",
+        help="run config the clients will use: refuse ids its data source cannot serve "
+        "(synthetic, espectre, digits and mnist pick a client's data by its number, so "
+        "they need ids 0, 1, ...; only data.source = 'shards' takes names). Without it "
+        "the ids are not checked against any config",
+    )
+    init.add_argument("--run-id", help="limit the ACL to this run (default: any run)")
+    init.add_argument("--port", type=int, help="listener port (default 1883, or 8883 with --tls)")
+    init.add_argument(
+        "--bind", default="127.0.0.1", help="listener address (0.0.0.0 to serve a LAN)"
+    )
+    init.add_argument("--tls", action="store_true", help="generate a local CA and a TLS listener")
+    init.add_argument(
+        "--hostname",
+        action="append",
+        dest="hostnames",
+        help="name or IP clients use to reach the broker (repeatable; default localhost, 127.0.0.1)",
+    )
+    init.add_argument(
+        "--max-packet-bytes",
+        type=int,
+        default=DEFAULT_MAX_PACKET,
+        help="publishes above this size disconnect their sender",
+    )
+    init.add_argument(
+        "--force", action="store_true", help="replace an existing setup and its credentials"
+    )
+    init.add_argument(
+        "--bridge",
+        action="append",
+        default=[],
+        metavar="SITE=IDS",
+        help="central broker: let site SITE's edge broker bridge in for clients IDS "
+        "(repeatable; writes credentials/site-SITE.env for the edge)",
+    )
+    init.add_argument("--site", help="write an edge broker for this site, bridged to --central")
+    init.add_argument("--central", help="with --site: the central broker's URL")
+    init.add_argument(
+        "--bridge-credentials",
+        type=Path,
+        help="with --site: the central setup's credentials/site-SITE.env",
+    )
+    init.set_defaults(func=cmd_broker_init)
+
+
+def check_ids_for_config(clients: list[str], config_path: str) -> None:
+    """Refuse client ids the run config's data source cannot give data to."""
+    config = load_config(config_path)
+    for client in clients:
+        problem = client_id_problem(config.data, client, num_clients=config.federation.num_clients)
+        if problem is not None:
+            raise MqttflError(f"{config_path}: {problem}")
+
+
+def cmd_broker_init(args: argparse.Namespace) -> int:
+    clients = client_ids(clients=args.clients, ids=args.ids)
+    if args.config:
+        check_ids_for_config(clients, args.config)
+    edge = _edge_bridge(args)
+    setup = init_broker(
+        args.out,
+        clients,
+        run_id=args.run_id,
+        port=args.port,
+        bind=args.bind,
+        tls=args.tls,
+        hostnames=args.hostnames,
+        max_packet_bytes=args.max_packet_bytes,
+        force=args.force,
+        bridges=parse_bridges(args.bridge),
+        edge=edge,
+    )
+    sys.stdout.write(
+        f"broker files in {setup.out} ({len(clients)} clients + {COORDINATOR} + {WATCH})\n"
+        f"  start:  mosquitto -c {setup.conf}\n"
+        f"  use:    set -a; . {setup.env_file(COORDINATOR)}; set +a; "
+        f"mqttfl coordinator --broker {setup.url} ...\n"
+        "  each client sources its own credentials/<id>.env; keep those files private\n"
+        f"  watch:  credentials/{WATCH}.env, then mqttfl watch --broker {setup.url} --run RUN\n"
+    )
+    named = [c for c in clients if not is_numeric_id(c)]
+    if named and not args.config:
+        sys.stdout.write(
+            f"  note: ids {', '.join(named)} are not numbers: only runs with "
+            "data.source = 'shards' can use them (--config CONFIG checks a config)\n"
+        )
+    return 0
+
+
+def _edge_bridge(args: argparse.Namespace) -> EdgeBridge | None:
+    if args.site is None:
+        if args.central or args.bridge_credentials:
+            raise MqttflError("--central and --bridge-credentials go with --site")
+        return None
+    if not args.central or not args.bridge_credentials:
+        raise MqttflError("--site needs --central URL and --bridge-credentials FILE")
+    central = BrokerAddress.parse(args.central)
+    if not args.bridge_credentials.is_file():
+        raise MqttflError(f"{args.bridge_credentials}: file not found")
+    env = read_env_file(args.bridge_credentials)
+    return EdgeBridge.from_env(
+        args.site, central.host, central.port, env, source=args.bridge_credentials
+    )

@@ -1,0 +1,58 @@
+"""``mqttfl client``: one client device against a broker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from mqttfl.commands.common import (
+    add_config_args,
+    broker_address,
+    credentials,
+    setup_logging,
+    watch_parent,
+)
+from mqttfl.config import load_config
+
+
+def add_client_command(subparsers: Any) -> None:
+    client = subparsers.add_parser("client", help="run one client device against a broker")
+    add_config_args(client)
+    client.add_argument("--id", required=True, help="client id (picks the synthetic room)")
+    client.add_argument("--data", type=Path, help="a prepared shard directory (overrides [data])")
+    client.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("client-state"),
+        help="where the client keeps its model between restarts",
+    )
+    client.set_defaults(func=cmd_client)
+
+
+def cmd_client(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    broker = broker_address(args)
+    from mqttfl.data.sources import load_client_shard
+    from mqttfl.nodes.client import ClientRunner
+
+    setup_logging(config, f"client-{args.id}", None)
+    watch_parent()
+    shard = load_client_shard(
+        config.data,
+        args.id,
+        seed=config.seed,
+        num_classes=config.model.num_classes,
+        num_clients=config.federation.num_clients,
+        shard_dir=args.data,
+    )
+    runner = ClientRunner(
+        config,
+        args.id,
+        broker,
+        shard,
+        state_dir=args.state_dir,
+        credentials=credentials(config),
+    )
+    return asyncio.run(runner.run())

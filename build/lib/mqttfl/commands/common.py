@@ -1,0 +1,134 @@
+"""What several commands share: config arguments, --broker checks, credentials, logging."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+from mqttfl.bus.transport import BrokerAddress, Credentials
+from mqttfl.config import RunConfig
+from mqttfl.errors import BrokerError, MqttflError
+from mqttfl.logs import configure_logging
+
+RESOLVE_TIMEOUT_S = 10.0
+
+
+def add_config_args(parser: argparse.ArgumentParser, *, positional: bool = False) -> None:
+    """The config (positional or ``--config``), ``--set`` overrides and ``--broker``."""
+    if positional:
+        parser.add_argument("config", help="run config (TOML)")
+    else:
+        parser.add_argument("--config", help="run config (TOML)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set federation.num_clients=4",
+    )
+    parser.add_argument("--broker", help="broker URL, e.g. mqtt://host:1883")
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number ≥ 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return value
+
+
+def log_file(name: str, out: Path | None) -> Path:
+    base = Path(os.environ.get("MQTTFL_LOG_DIR") or (out / "logs" if out else "logs"))
+    return base / f"{name}.jsonl"
+
+
+def setup_logging(config: RunConfig, name: str, out: Path | None) -> None:
+    """A process's JSON-lines file keeps everything (every accepted upload is accounted
+    for there); the console shows the configured level, or what `mqttfl run` asks for."""
+    configure_logging(
+        log_file(name, out),
+        level="debug",
+        console_level=os.environ.get("MQTTFL_CONSOLE_LEVEL") or config.logging.level,
+    )
+
+
+def watch_parent() -> None:
+    """Exit if the `mqttfl run` that started us is gone, so nothing is orphaned."""
+    parent = os.environ.get("MQTTFL_PARENT_PID")
+    if not parent:
+        return
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != int(parent):
+                os._exit(3)
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def resolve(host: str, port: int, *, timeout: float) -> str | None:
+    """Why ``host`` cannot be resolved (within ``timeout`` seconds), or None."""
+    problem: list[str | None] = [f"no answer within {timeout:.0f} s"]
+
+    def lookup() -> None:
+        try:
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            problem[0] = None
+        except (OSError, UnicodeError) as exc:
+            problem[0] = getattr(exc, "strerror", None) or str(exc)
+
+    thread = threading.Thread(target=lookup, daemon=True)  # getaddrinfo has no timeout
+    thread.start()
+    thread.join(timeout)
+    return problem[0]
+
+
+def broker_url(text: str) -> str:
+    """Check a ``--broker`` URL (scheme, host, port 1-65535, the host resolves) and
+    return it as ``mqtt[s]://host:port``; raise :class:`MqttflError` naming it otherwise."""
+    try:
+        address = BrokerAddress.parse(text)
+    except BrokerError as exc:
+        raise MqttflError(f"--broker {text!r}: {exc}, e.g. mqtt://127.0.0.1:1883") from None
+    problem = resolve(address.host, address.port, timeout=RESOLVE_TIMEOUT_S)
+    if problem is not None:
+        raise MqttflError(f"--broker {text!r}: cannot resolve host {address.host!r}: {problem}")
+    return str(address)
+
+
+def broker_address(args: argparse.Namespace) -> BrokerAddress:
+    """The required ``--broker``, checked."""
+    if not args.broker:
+        raise MqttflError("--broker is required, e.g. --broker mqtt://127.0.0.1:1883")
+    return BrokerAddress.parse(broker_url(args.broker))
+
+
+def credentials(config: RunConfig) -> Credentials:
+    """The config's ``[broker]`` identity (``MQTTFL_BROKER__*`` in the environment)."""
+    b = config.broker
+    return Credentials(b.username, b.password, b.tls_ca, b.tls_cert, b.tls_key)
+
+
+def first_mqttfl_error(group: BaseExceptionGroup[BaseException]) -> MqttflError | None:
+    """The first :class:`MqttflError` among the leaves of ``group`` (depth first), or None.
+
+    ``asyncio.TaskGroup`` wraps what its tasks raise in an ``ExceptionGroup``; the user
+    error inside is what the command line reports.
+    """
+    for exc in group.exceptions:
+        if isinstance(exc, MqttflError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = first_mqttfl_error(exc)
+            if found is not None:
+                return found
+    return None

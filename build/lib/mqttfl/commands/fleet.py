@@ -1,0 +1,70 @@
+"""``mqttfl fleet``: many client devices in one process."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from mqttfl.commands.common import (
+    add_config_args,
+    broker_address,
+    credentials,
+    positive,
+    setup_logging,
+    watch_parent,
+)
+from mqttfl.config import load_config
+
+
+def add_fleet_command(subparsers: Any) -> None:
+    fleet = subparsers.add_parser("fleet", help="run many client devices in one process")
+    add_config_args(fleet)
+    fleet.add_argument("--ids", required=True, help="client ids: ranges and lists, e.g. 0-9,12")
+    fleet.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("client-state"),
+        help="where the clients keep their models between restarts",
+    )
+    fleet.add_argument(
+        "--workers",
+        type=positive,
+        help="threads that train and evaluate, one client at a time each (default: cores)",
+    )
+    fleet.add_argument(
+        "--credentials-dir",
+        type=Path,
+        help="a directory of <id>.env files, one identity per client (as `broker init` "
+        "writes them in credentials/); default: the config's credentials for all",
+    )
+    fleet.set_defaults(func=cmd_fleet)
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    broker = broker_address(args)
+    from mqttfl.nodes.fleet import check_ids, log_name, parse_ids, run_fleet, runner_credentials
+
+    ids = parse_ids(args.ids)
+    check_ids(config, ids)
+    identities = runner_credentials(credentials(config), ids, args.credentials_dir)
+    setup_logging(config, log_name(ids), None)
+    watch_parent()
+    failed = run_fleet(
+        config,
+        broker,
+        ids,
+        state_dir=args.state_dir,
+        credentials=identities,
+        workers=args.workers,
+    )
+    if failed:
+        first = next(iter(failed))
+        sys.stderr.write(
+            f"mqttfl: fleet: {len(failed)} of {len(ids)} clients failed "
+            f"(client {first}: {failed[first]})\n"
+        )
+        return 1
+    return 0

@@ -1,0 +1,63 @@
+"""The `mqttfl` command line. User errors print one line and exit 2, never a traceback.
+
+Each command is a module of this package with an ``add_*_command`` that registers it and
+a ``cmd_*`` that runs it; this module only assembles the parser and reports errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mqttfl.commands.broker import add_broker_commands
+from mqttfl.commands.client import add_client_command
+from mqttfl.commands.common import first_mqttfl_error
+from mqttfl.commands.compare import add_compare_command
+from mqttfl.commands.coordinator import add_coordinator_command
+from mqttfl.commands.data import add_data_commands
+from mqttfl.commands.export import add_export_command
+from mqttfl.commands.fleet import add_fleet_command
+from mqttfl.commands.models import add_models_command
+from mqttfl.commands.report import add_report_command
+from mqttfl.commands.run import add_run_command
+from mqttfl.commands.sense import add_sense_command
+from mqttfl.commands.watch import add_watch_command
+from mqttfl.errors import MqttflError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mqttfl", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_run_command(sub)
+    add_coordinator_command(sub)
+    add_client_command(sub)
+    add_fleet_command(sub)
+    add_models_command(sub)
+    add_data_commands(sub)
+    add_compare_command(sub)
+    add_report_command(sub)
+    add_broker_commands(sub)
+    add_watch_command(sub)
+    add_export_command(sub)
+    add_sense_command(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except MqttflError as exc:
+        sys.stderr.write(f"mqttfl: error: {exc}\n")
+        return 2
+    except BaseExceptionGroup as group:
+        error = first_mqttfl_error(group)
+        if error is None:
+            raise
+        sys.stderr.write(f"mqttfl: error: {error}\n")
+        return 2
+    except BrokenPipeError:  # output piped into `head` and closed early
+        return 0
+    except KeyboardInterrupt:
+        sys.stderr.write("mqttfl: interrupted\n")
+        return 130

@@ -1,0 +1,54 @@
+"""``mqttfl watch``: a live view of a running federation, read only from the broker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+from typing import Any
+
+from rich.console import Console
+
+from mqttfl.bus.transport import Bus
+from mqttfl.commands.common import broker_address, credentials
+from mqttfl.config import load_config
+from mqttfl.errors import MqttflError, WireError
+from mqttfl.logs import configure_logging
+from mqttfl.monitor.view import ONCE_LISTEN_S, FederationView, run_watch, watch_topics
+
+
+def add_watch_command(subparsers: Any) -> None:
+    """Register ``mqttfl watch`` on the main parser's subcommands."""
+    parser = subparsers.add_parser(
+        "watch", help="a live view of a running federation, read only from the broker"
+    )
+    parser.add_argument("--broker", help="broker URL, e.g. mqtt://host:1883")
+    parser.add_argument("--run", required=True, help="the run id (the config's run_id)")
+    parser.add_argument("--config", help="run config (TOML): its [broker] credentials")
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help=f"listen {ONCE_LISTEN_S:.0f} s, print one snapshot and exit",
+    )
+    parser.set_defaults(func=cmd_watch)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    try:
+        view = FederationView(args.run, max_upload_bytes=config.federation.max_upload_bytes)
+    except WireError as exc:
+        raise MqttflError(f"--run {args.run!r}: {exc.detail}") from None
+    broker = broker_address(args)
+    # The bus's reconnect warnings would tear the screen; the view shows the connection.
+    configure_logging(None, level="error")
+    bus = Bus(
+        broker,
+        identifier=f"mqttfl-{args.run}-watch-{secrets.token_hex(4)}",
+        subscriptions=watch_topics(view.topics),
+        credentials=credentials(config),
+        keepalive_s=config.broker.keepalive_s,
+        connect_timeout_s=config.broker.connect_timeout_s,
+    )
+    asyncio.run(run_watch(view, bus, Console(), once=args.once))
+    return 0

@@ -1,0 +1,478 @@
+"""The round engine: the one round loop of mqttfl, with no MQTT and an injected clock.
+
+Each round: select a seeded fraction of the live, responsive clients; open the round
+(the :class:`Announce` action); gather uploads until every selected client has uploaded,
+left (its last will), or never acknowledged the start within ``ack_timeout_s``, or the
+deadline passes; aggregate if at least ``min_clients`` uploads arrived, else re-announce
+(up to ``max_round_attempts``); check the aggregate (an upload that makes it non-finite
+is dropped, not the round); hand the encoded downlinks and the checkpoint to the caller
+(:class:`Close`). After the last round it waits for the final metrics (:class:`Finish`).
+
+The engine is driven from outside (sans-IO): the bus adapter
+(:mod:`mqttfl.nodes.coordinator`) feeds it decoded events (``on_*``), calls
+:meth:`RoundEngine.step` and performs the actions it returns, and calls ``step`` again at
+:meth:`RoundEngine.wake_at`. Tests drive the same loop in-process with a fake clock.
+
+A client that was selected and never acknowledged is unresponsive (a forged ``online``
+status, a device that hung): it is left out of selections until it shows life again (a
+new status, an acknowledgement, an upload or metrics), so it costs one round at most
+``ack_timeout_s``, never a deadline.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from mqttfl.algorithms.base import Algorithm, Context, ServerSide, Upload
+from mqttfl.config import RunConfig
+from mqttfl.engine.aggregate import aggregate_checked
+from mqttfl.engine.gate import UploadGate
+from mqttfl.engine.state import RunState, run_summary
+from mqttfl.errors import RunAborted, WireError
+from mqttfl.logs import get_logger
+from mqttfl.wire import Topics
+from mqttfl.wire.chunks import framed_size, payload_budget
+from mqttfl.wire.control import (
+    Ack,
+    DownlinkPayloads,
+    Metrics,
+    Offline,
+    Online,
+    RoundStart,
+    RunStatus,
+    Status,
+    encode_downlinks,
+)
+from mqttfl.wire.ids import client_order
+from mqttfl.wire.schemas import ClientInfo
+
+RESUME_LISTEN_S = 5.0  # on resume, how long to wait for the statuses of known clients
+WILL_SETTLE_S = 0.5  # after last wills, how long to watch whether our own connection drops too
+RETRY_GRACE_S = 3.0  # before a retry, how long to wait for the clients asked before to be back
+# after a broker restart, how long the clients may take to reconnect (their backoff) and announce
+RECONNECT_GRACE_S = 8.0
+Clock = Callable[[], float]
+
+
+@dataclass
+class ClientRecord:
+    info: ClientInfo
+    online: bool = True
+    responsive: bool = True  # False after a selection it never acknowledged
+
+
+@dataclass(frozen=True)
+class Announce:
+    """Publish the retained run status, then the round's start."""
+
+    start: RoundStart
+    status: RunStatus
+
+
+@dataclass(frozen=True)
+class Close:
+    """Round ``round`` is aggregated: checkpoint, publish the downlinks, mark it closed.
+    With ``checkpoint`` None it is a re-publication after a restart (already saved)."""
+
+    round: int
+    payloads: DownlinkPayloads
+    checkpoint: dict[str, Any] | None
+    log: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Finish:
+    summary: dict[str, Any]
+
+
+Action = Announce | Close | Finish
+
+
+class Phase(Enum):
+    JOINING = "joining"
+    RESUMING = "resuming"
+    WAITING = "waiting"  # for min_clients live clients
+    RETRY_GRACE = "retry_grace"
+    OPEN = "open"
+    FINAL = "final"  # waiting for the last round's metrics
+    DONE = "done"
+
+
+def select_clients(
+    live: list[str], *, fraction: float, min_clients: int, seed: int, t: int, attempt: int
+) -> list[str]:
+    """A seeded sample of ceil(fraction·|live|) clients, never fewer than min_clients."""
+    k = min(len(live), max(min_clients, math.ceil(fraction * len(live))))
+    rng = np.random.default_rng([seed, t, attempt])
+    return sorted(rng.choice(sorted(live), size=k, replace=False).tolist(), key=client_order)
+
+
+class RoundEngine:
+    def __init__(
+        self,
+        config: RunConfig,
+        algorithm: Algorithm,
+        ctx: Context,
+        *,
+        clock: Clock,
+        state: RunState | None = None,
+        records: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self.config = config
+        self.fed = config.federation
+        self.clock = clock
+        self.server: ServerSide = algorithm.server(ctx)
+        self.state = state or RunState()
+        self.gate = UploadGate(
+            algorithm, ctx, config.run_id, self.fed.max_upload_bytes, self.state.rejections
+        )
+        self.clients: dict[str, ClientRecord] = {}
+        self.records: list[dict[str, Any]] = list(records or [])
+        self.metrics_seen: dict[int, set[str]] = {}
+        for record in self.records:
+            self.metrics_seen.setdefault(int(record["round"]), set()).add(str(record["client_id"]))
+        self.log = get_logger(run_id=config.run_id, client_id="coordinator")
+        self.round = self.state.round + 1
+        self.attempt = 1
+        self.selected: list[str] = []
+        self.acked: set[str] = set()
+        self.announcement = 0
+        self.deadline = self.ack_deadline = self.phase_until = 0.0
+        self.last_offline = -math.inf
+        self.grace_until = -math.inf
+        self.broker_down = False
+        self._waiting_logged = False
+        now = clock()
+        if self.state.round > 0:
+            self.server.load_state_dict(self.state.server)
+            self.gate.round = self.state.round
+            self.phase, self.phase_until = Phase.RESUMING, now + RESUME_LISTEN_S
+            self.log.info("run.resumed", from_round=self.round)
+        else:
+            self.phase, self.phase_until = Phase.JOINING, now + self.fed.join_timeout_s
+        if self.round > config.rounds:
+            self.phase, self.phase_until = Phase.FINAL, now + self.fed.final_metrics_timeout_s
+
+    # --- events ------------------------------------------------------------------------
+    def live(self) -> list[str]:
+        return sorted((c for c, r in self.clients.items() if r.online), key=client_order)
+
+    def selectable(self) -> list[str]:
+        return [c for c in self.live() if self.clients[c].responsive]
+
+    def on_status(self, status: Status) -> None:
+        """An announcement the method cannot serve raises WireError (and changes nothing)."""
+        if isinstance(status, Online):
+            self.gate.schema_for(status.info)
+            self.clients[status.info.client_id] = ClientRecord(status.info)
+            self.log.info(
+                "client.online",
+                client=status.info.client_id,
+                arch=status.info.arch,
+                samples=status.info.num_samples,
+            )
+            return
+        assert isinstance(status, Offline)
+        record = self.clients.get(status.client_id)
+        if record is not None and record.online:
+            record.online = False
+            self.last_offline = self.clock()
+            self.log.warning(
+                "client.offline", client=status.client_id, reason=status.reason, round=self.round
+            )
+
+    def _alive(self, client: str) -> None:
+        """Anything a registered client sends proves it is there."""
+        record = self.clients.get(client)
+        if record is not None:
+            record.online = record.responsive = True
+
+    def on_ack(self, ack: Ack) -> None:
+        if ack.client_id not in self.clients:
+            raise WireError("unknown_client", f"client {ack.client_id!r} never announced itself")
+        self._alive(ack.client_id)
+        if self.phase is Phase.OPEN and ack.round == self.round:
+            self.acked.add(ack.client_id)
+
+    def on_upload(self, t: int, client: str, raw: bytes, wire_bytes: int = -1) -> Upload:
+        """Accept an upload or raise RejectedUpload (counted in the run state)."""
+        record = self.clients.get(client)
+        upload = self.gate.check(t, client, raw, record.info if record else None, wire_bytes)
+        self._alive(client)
+        self.acked.add(client)
+        return upload
+
+    def on_metrics(self, metrics: Metrics) -> dict[str, Any] | None:
+        """The record to journal, or None for a repeat; WireError for one that cannot be
+        true (an unknown client, a round that has not closed)."""
+        t, client = metrics.round, metrics.client_id
+        if client not in self.clients:
+            raise WireError(
+                "unknown_client", f"metrics from {client!r}, which never announced itself"
+            )
+        if t > self.state.round:
+            raise WireError("future", f"metrics for round {t}, which has not closed")
+        self._alive(client)
+        seen = self.metrics_seen.setdefault(t, set())
+        if client in seen:
+            return None
+        seen.add(client)
+        record = {"round": t, "client_id": client, **metrics.values}
+        self.records.append(record)
+        return record
+
+    def on_site(self, site: str, up: bool) -> None:
+        """A site's bridge to this broker came or went (Mosquitto publishes its will): when
+        it goes, every client behind it is gone at once; back, they announce themselves."""
+        self.log.warning("site.up" if up else "site.down", site=site, round=self.round)
+        if up:
+            return
+        for client, record in self.clients.items():
+            if record.info.site == site and record.online:
+                self.on_status(Offline(client, f"site {site} down"))
+
+    def on_broker_lost(self) -> None:
+        self.broker_down = True
+
+    def on_broker_back(self) -> None:
+        """Every client lost its connection with ours: give them time to come back."""
+        if not self.broker_down:
+            return
+        self.broker_down = False
+        now = self.clock()
+        self.grace_until = now + RECONNECT_GRACE_S
+        if self.phase is Phase.OPEN:
+            self.ack_deadline = max(self.ack_deadline, self.grace_until + self.fed.ack_timeout_s)
+            self.log.warning("round.broker_lost", round=self.round, grace_s=RECONNECT_GRACE_S)
+
+    # --- the loop ----------------------------------------------------------------------
+    def step(self) -> list[Action]:
+        """Advance as far as the clock and the events allow; return what to perform."""
+        actions: list[Action] = []
+        while self._advance(self.clock(), actions):
+            pass
+        return actions
+
+    def wake_at(self) -> float | None:
+        """When :meth:`step` must run again even if no event arrives."""
+        if self.phase is Phase.DONE:
+            return None
+        now = self.clock()
+        timers = [self.phase_until]
+        if self.phase is Phase.OPEN:
+            timers += [
+                self.deadline,
+                self.ack_deadline,
+                self.grace_until,
+                self.last_offline + WILL_SETTLE_S,
+            ]
+        future = [t for t in timers if t > now]
+        return min(future) if future else now + 1.0
+
+    @property
+    def finished(self) -> bool:
+        return self.phase is Phase.DONE
+
+    def _advance(self, now: float, actions: list[Action]) -> bool:
+        phase = self.phase
+        if phase is Phase.JOINING:
+            joined = len(self.live()) >= self.fed.num_clients
+            if not joined and now < self.phase_until:
+                return False
+            self.log.info(
+                "clients.joined",
+                live=len(self.live()),
+                expected=self.fed.num_clients,
+                all_joined=joined,
+            )
+            self._wait_for_live(now)
+            return True
+        if phase is Phase.RESUMING:
+            heard = set(self.state.clients) <= set(self.clients)
+            if not heard and now < self.phase_until:
+                return False
+            self.log.info(
+                "clients.rejoined",
+                live=len(self.live()),
+                known=len(self.state.clients),
+                all_heard=heard,
+            )
+            if self.state.downlinks is not None:  # the crash may have come before they all went out
+                actions.append(Close(self.state.round, self.state.downlinks, None))
+            self._wait_for_live(now)
+            return True
+        if phase is Phase.RETRY_GRACE:
+            asked = set(self.gate.selected) - set(self.gate.accepted)
+            if not asked <= set(self.live()) and now < self.phase_until:
+                return False
+            self._wait_for_live(now)
+            return True
+        if phase is Phase.WAITING:
+            if len(self.selectable()) >= self.fed.min_clients:
+                actions.append(self._open(now))
+                return True
+            if not self._waiting_logged:
+                self._waiting_logged = True
+                self.log.warning(
+                    "round.waiting",
+                    round=self.round,
+                    reason="too few live clients",
+                    live=len(self.selectable()),
+                    min_clients=self.fed.min_clients,
+                    attempt=self.attempt,
+                )
+            if now < self.phase_until:
+                return False
+            self._retry(now, "too few live clients")
+            return True
+        if phase is Phase.OPEN:
+            if not self._round_done(now):
+                return False
+            if len(self.gate.accepted) >= self.fed.min_clients:
+                actions.append(self._close(now))
+                return True
+            self._retry(now, "fewer uploads than min_clients")
+            return True
+        if phase is Phase.FINAL:
+            last = self.config.rounds
+            reported = set(self.live()) <= self.metrics_seen.get(last, set())
+            if not reported and now < self.phase_until:
+                return False
+            actions.append(Finish(self.summary()))
+            self.phase = Phase.DONE
+            self.log.info("run.finished", rounds=last, rejections=dict(self.state.rejections))
+        return False
+
+    def _wait_for_live(self, now: float) -> None:
+        self.phase, self.phase_until = Phase.WAITING, now + self.fed.round_timeout_s
+        self._waiting_logged = False
+
+    def _open(self, now: float) -> Announce:
+        t, attempt = self.round, self.attempt
+        selected = select_clients(
+            self.selectable(),
+            fraction=self.fed.fraction,
+            min_clients=self.fed.min_clients,
+            seed=self.config.seed,
+            t=t,
+            attempt=attempt,
+        )
+        if attempt > 1:  # a retry asks again whoever was asked before and is live
+            earlier = set(self.gate.selected) - set(self.gate.accepted)
+            selected = sorted(set(selected) | (earlier & set(self.live())), key=client_order)
+        self.gate.open_round(t, selected, keep=attempt > 1)
+        self.selected = selected
+        self.acked = set(self.gate.accepted)
+        self.deadline = now + self.fed.round_timeout_s
+        self.ack_deadline = now + self.fed.ack_timeout_s
+        self.announcement = secrets.randbits(62)
+        self.phase = Phase.OPEN
+        start = RoundStart(
+            round=t,
+            selected=tuple(selected),
+            timeout_s=self.fed.round_timeout_s,
+            params=self.server.round_params(t),
+            attempt=attempt,
+            uploaded=tuple(sorted(self.gate.accepted, key=client_order)),
+            announcement=self.announcement,
+        )
+        self.log.info(
+            "round.started",
+            round=t,
+            selected=selected,
+            attempt=attempt,
+            deadline_s=self.fed.round_timeout_s,
+        )
+        return Announce(start, RunStatus("open", t, start))
+
+    def _round_done(self, now: float) -> bool:
+        if self.broker_down:
+            return False  # nothing can arrive or leave; the bus reconnects
+        if now >= self.deadline:
+            return True
+        pending = [c for c in self.selected if c not in self.gate.accepted]
+        gone = [c for c in pending if not self.clients[c].online]
+        alive = [c for c in pending if self.clients[c].online]
+        if now < self.grace_until and gone:
+            return False  # after a broker restart, they may still come back
+        if any(c in self.acked or now < self.ack_deadline for c in alive):
+            return False
+        for client in alive:  # selected, never acknowledged: a ghost or a hung device
+            self.clients[client].responsive = False
+            self.log.warning("client.unresponsive", client=client, round=self.round)
+        # A broker going down fires every client's will just before our own link drops.
+        return not gone or now >= self.last_offline + WILL_SETTLE_S
+
+    def _retry(self, now: float, reason: str) -> None:
+        self.state.retries += 1
+        self.log.warning(
+            "round.retried",
+            round=self.round,
+            reason=reason,
+            uploads=len(self.gate.accepted),
+            min_clients=self.fed.min_clients,
+            attempt=self.attempt,
+        )
+        self.attempt += 1
+        if self.attempt > self.fed.max_round_attempts:
+            raise RunAborted(
+                f"round {self.round}: fewer than min_clients={self.fed.min_clients} uploads after "
+                f"{self.fed.max_round_attempts} attempts"
+            )
+        self.phase, self.phase_until = Phase.RETRY_GRACE, now + RETRY_GRACE_S
+
+    def _close(self, now: float) -> Close:
+        t, state = self.round, self.state
+        uploads = self.gate.close_round()
+        missing = sorted(set(self.gate.selected) - set(self.gate.accepted), key=client_order)
+        for client in missing:
+            state.missing_uploads += 1
+            self.log.warning(
+                "upload.missing", round=t, client=client, online=self.clients[client].online
+            )
+        downlinks = aggregate_checked(self.server, t, uploads, self.state.rejections, self.log)
+        for size in self.gate.accepted_bytes.values():
+            state.comm["up_bytes"] += size
+            state.comm["up_count"] += 1
+        payloads = encode_downlinks(self.config.run_id, t, downlinks.broadcast, downlinks.personal)
+        topics = Topics(self.config.run_id)
+        for client in self.live():
+            personal = payloads.personal.get(client, b"")
+            state.comm["down_bytes"] += self._wire(len(payloads.broadcast), topics.down_all(t))
+            state.comm["down_bytes"] += self._wire(len(personal), topics.down(t, client))
+            state.comm["down_count"] += 1
+        state.round, state.downlinks = t, payloads
+        state.server = self.server.state_dict()
+        state.clients = sorted(self.clients, key=client_order)
+        log = {"uploads": len(uploads), "missing": missing, **self._progress(t - 1)}
+        self.round, self.attempt = t + 1, 1
+        if self.round > self.config.rounds:
+            self.phase, self.phase_until = Phase.FINAL, now + self.fed.final_metrics_timeout_s
+        else:
+            self._wait_for_live(now)
+        return Close(t, payloads, state.to_dict(self.config), log)
+
+    def _wire(self, size: int, topic: str) -> int:
+        """Bytes a payload takes on the wire, chunk framing included (broker.max_message_bytes)."""
+        limit = self.config.broker.max_message_bytes
+        return framed_size(size, payload_budget(limit, topic)) if limit else size
+
+    def _progress(self, t: int) -> dict[str, Any]:
+        rows = [r for r in self.records[-4 * max(len(self.clients), 1) :] if r["round"] == t]
+        if not rows:
+            return {}
+        return {
+            "evaluated_round": t,
+            "mean_accuracy": round(float(np.mean([r["accuracy"] for r in rows])), 4),
+            "mean_mae": round(float(np.mean([r["mae"] for r in rows])), 3),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        return run_summary(self.config, self.state, self.records)

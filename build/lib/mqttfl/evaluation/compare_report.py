@@ -1,0 +1,184 @@
+"""`mqttfl compare`'s report: rows averaged over seeds, the Table III markdown, the
+convergence plot and compare.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mqttfl.evaluation.compare_entries import (
+    METRICS,
+    POOLED_METRICS,
+    REQUIRED_MODEL,
+    SETTINGS,
+    RunResult,
+    pinned_model,
+)
+from mqttfl.evaluation.pooled import PooledRun
+
+
+def _mean_std(values: list[float]) -> dict[str, float]:
+    array = np.asarray(values, dtype=np.float64)
+    return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0}
+
+
+def aggregate(
+    results: list[RunResult], methods: list[str], settings: list[str]
+) -> list[dict[str, Any]]:
+    rows = []
+    for method in methods:
+        for setting in settings:
+            done = [
+                r
+                for r in results
+                if r.method == method and r.setting == setting and r.error is None
+            ]
+            row: dict[str, Any] = {
+                "method": method,
+                "setting": setting,
+                "runs": len(done),
+                "model": pinned_model(method),
+                "seeds": [r.seed for r in done],
+                "failed_seeds": [
+                    r.seed
+                    for r in results
+                    if r.method == method and r.setting == setting and r.error is not None
+                ],
+            }
+            if done:
+                row.update({k: _mean_std([r.metrics[k] for r in done]) for k in METRICS})
+            rows.append(row)
+    return rows
+
+
+def aggregate_pooled(pooled: list[PooledRun], settings: list[str]) -> list[dict[str, Any]]:
+    """One pooled row per setting: mean ± std over seeds, or why it is absent."""
+    rows = []
+    for setting in settings:
+        runs = [p for p in pooled if p.setting == setting]
+        done = [p for p in runs if p.absent is None]
+        row: dict[str, Any] = {
+            "method": "pooled",
+            "setting": setting,
+            "runs": len(done),
+            "seeds": [p.seed for p in done],
+            "absent": next((p.absent for p in runs if p.absent is not None), None),
+        }
+        if done:
+            row.update({k: _mean_std([p.metrics[k] for p in done]) for k in POOLED_METRICS})
+        rows.append(row)
+    return rows
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    if key not in row:
+        return "failed"
+    scale, digits = (100.0, 2) if key in ("accuracy", "f1") else (1.0, 3 if key == "mae" else 1)
+    mean, std = row[key]["mean"] * scale, row[key]["std"] * scale
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def markdown_table(
+    rows: list[dict[str, Any]],
+    methods: list[str],
+    settings: list[str],
+    seeds: list[int],
+    pooled: list[dict[str, Any]] | None = None,
+) -> str:
+    """Table III's layout: one row per method, Acc./F1/MAE (and KB) per setting, then the
+    pooled reference row (from :func:`aggregate_pooled`) when given."""
+    by_key = {(r["method"], r["setting"]): r for r in rows}
+    columns = ("Acc. (%)", "F1 (%)", "MAE", "KB")
+    head = ["Method"] + [f"{SETTINGS[s][0]}: {c}" for s in settings for c in columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    notes = []
+    for method in methods:
+        model = pinned_model(method)
+        cells = [method + (" *" if model else "")]
+        for setting in settings:
+            cells += [_cell(by_key[(method, setting)], k) for k in METRICS]
+        lines.append("| " + " | ".join(cells) + " |")
+        if method in REQUIRED_MODEL:
+            notes.append(f"\\* {method} needs model `{model}` and runs with it in every setting.")
+        elif model:
+            notes.append(f"\\* {method} runs model `{model}` in every setting.")
+    if pooled is not None:
+        lines.append(_pooled_line(pooled, settings))
+        notes += _pooled_notes(pooled, settings)
+    if "local" in methods:
+        notes.append("local: every client trains alone (the lower bound).")
+    elif pooled is not None:
+        notes.append("No local row: add `local` to --methods for the lower bound.")
+    intro = (
+        f"Mean ± std over seeds {', '.join(map(str, seeds))}; each run's metrics are the mean over "
+        "clients of their last five rounds. KB: uploaded plus downloaded per client-round.\n"
+    )
+    return "\n".join([intro, *lines, "", *notes]) + "\n"
+
+
+def _absent(row: dict[str, Any]) -> bool:
+    return not row.get("runs")
+
+
+def _pooled_line(pooled: list[dict[str, Any]], settings: list[str]) -> str:
+    by_setting = {r["setting"]: r for r in pooled}
+    cells = ["pooled †"]
+    for setting in settings:
+        row = by_setting.get(setting, {})
+        if _absent(row):
+            cells += ["absent"] * 3 + ["-"]
+        else:
+            cells += [_cell(row, k) for k in POOLED_METRICS] + ["-"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _pooled_notes(pooled: list[dict[str, Any]], settings: list[str]) -> list[str]:
+    by_setting = {r["setting"]: r for r in pooled}
+    notes = [
+        "† pooled: one model of the same architecture and `[train]` recipe, trained for as "
+        "many epochs as a Local client (rounds × local_epochs) on the union of all clients' "
+        "training splits and scored on each client's test split (the centralized "
+        "reference: its final model, no communication)."
+    ]
+    for setting in settings:
+        row = by_setting.get(setting, {})
+        if _absent(row):
+            why = row.get("absent") or "not run"
+            notes.append(f"pooled is absent in {SETTINGS[setting][0]}: {why}.")
+    return notes
+
+
+def plot_convergence(
+    results: list[RunResult],
+    methods: list[str],
+    settings: list[str],
+    path: Path,
+    pooled: list[dict[str, Any]] | None = None,
+) -> None:
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    figure = Figure(figsize=(6 * len(settings), 4.2), layout="constrained")
+    axes = figure.subplots(1, len(settings), squeeze=False)[0]
+    for ax, setting in zip(axes, settings, strict=True):
+        for method in methods:
+            curves = [
+                r.curve for r in results if r.method == method and r.setting == setting and r.curve
+            ]
+            if not curves:
+                continue
+            rounds = sorted(set().union(*curves))
+            mean = [np.mean([c[t] for c in curves if t in c]) for t in rounds]
+            ax.plot(rounds, mean, marker="o" if len(rounds) < 12 else None, label=method)
+        reference = next((r for r in pooled or [] if r["setting"] == setting and r["runs"]), None)
+        if reference is not None:
+            ax.axhline(reference["accuracy"]["mean"], color="black", ls="--", lw=1, label="pooled")
+        ax.set_title(SETTINGS[setting][0])
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("mean client accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    figure.savefig(path, dpi=120)

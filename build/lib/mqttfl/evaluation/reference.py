@@ -1,0 +1,326 @@
+"""The Local reference of `mqttfl run`: what each client reaches when it trains alone.
+
+A federated table says what each client reached, not what federation bought it. So
+`mqttfl run` shows, beside each client's accuracy, the same client's accuracy in a Local
+run (method ``local``, FedAPA Table III's lower bound) of the same config, and the
+difference (``gain``). The reference is what ``mqttfl run --set method=local`` reports
+when every client answers every round, computed without a broker: a Local client never
+hears from the others, so the clients train here, in this process, side by side in
+worker threads (as a fleet trains its clients). Each is built and trained by the code a
+Local client runs (:mod:`mqttfl.nodes.device`: the same shard, architecture, initial
+weights and ``[train]`` recipe, the same per-round batch order), trains in the rounds the
+coordinator would select it for (:func:`~mqttfl.engine.rounds.select_clients`, first
+attempts), is evaluated on its test split after every round, and is scored like the
+run's summary: each metric's mean over the last five rounds
+(:func:`~mqttfl.engine.journal.summarize_clients`).
+
+It is trained once and then cached, in ``$MQTTFL_CACHE_DIR`` (else
+``$XDG_CACHE_HOME/mqttfl``, else ``~/.cache/mqttfl``) under ``local-reference/<key>.json``.
+The key is a SHA-256 over everything that decides the result (:func:`reference_key`):
+the ``[data]``, ``[model]`` and ``[train]`` tables, ``rounds``, ``seed``, the
+federation's ``num_clients``, ``fraction`` and ``min_clients`` (which clients train in
+which round), a digest of each client's shard arrays, the source of the modules that
+build and train a Local client (:data:`CODE`), and the numpy and torch versions. Not in
+it: the method and its parameters, the broker, the run id, logging. So a second run of
+the same federation, with any method, reuses the reference; a new seed, shard or
+model trains a new one.
+
+Torch is imported only when a reference is trained; a cached one needs none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mqttfl.engine.journal import LAST_ROUNDS, mean_over_clients, summarize_clients, write_atomic
+from mqttfl.logs import get_logger
+from mqttfl.wire.ids import client_order
+
+if TYPE_CHECKING:
+    from mqttfl.config import RunConfig
+    from mqttfl.data.shard import Shard
+
+#: bump when the cached file or the meaning of the reference changes
+REFERENCE_FORMAT = 1
+#: the package's code that decides what a Local client learns (the data's is covered by
+#: the shard digests); its bytes are part of the key
+CODE = (
+    "models",
+    "training",
+    "algorithms/base.py",
+    "algorithms/local.py",
+    "nodes/device.py",
+    "evaluation/reference.py",
+)
+METRICS = ("accuracy", "f1", "mae")
+WHAT = (
+    "method local (every client trains alone) on the same shards, model, initial weights, "
+    f"[train] recipe, rounds and round selection; means over the last {LAST_ROUNDS} rounds"
+)
+
+
+@dataclass(frozen=True)
+class LocalReference:
+    clients: dict[str, dict[str, float]]  # client id -> accuracy, f1, mae
+    key: str
+    source: str  # "trained" (now) or "cached"
+    path: Path | None  # the cache file; None if it could not be written
+    seconds: float  # how long training took (then, for a cached one)
+
+    @property
+    def mean(self) -> dict[str, float]:
+        return mean_over_clients(self.clients)
+
+
+def cache_root() -> Path:
+    """``$MQTTFL_CACHE_DIR``, else ``$XDG_CACHE_HOME/mqttfl``, else ``~/.cache/mqttfl``."""
+    explicit = os.environ.get("MQTTFL_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mqttfl"
+
+
+# --- the key --------------------------------------------------------------------------------
+def determining_config(config: RunConfig) -> dict[str, Any]:
+    """The parts of a run config that decide a Local run's result."""
+    recorded = config.recorded()
+    federation = recorded["federation"]
+    return {
+        "data": recorded["data"],
+        "model": recorded["model"],
+        "train": recorded["train"],
+        "rounds": config.rounds,
+        "seed": config.seed,
+        "federation": {k: federation[k] for k in ("num_clients", "fraction", "min_clients")},
+    }
+
+
+def shard_digest(shard: Shard) -> str:
+    digest = hashlib.sha256()
+    for array in (shard.x_train, shard.y_train, shard.x_test, shard.y_test):
+        contiguous = np.ascontiguousarray(array)
+        digest.update(f"{contiguous.dtype.str}{contiguous.shape}".encode())
+        digest.update(contiguous.tobytes())
+    return digest.hexdigest()
+
+
+def code_digest() -> str:
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for name in CODE:
+        path = package / name
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(file.relative_to(package).as_posix().encode() + b"\0")
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def reference_key(config: RunConfig, shards: Mapping[str, Shard]) -> tuple[str, dict[str, Any]]:
+    """The cache key of a config's Local reference, and the document it hashes."""
+    keyed = {
+        "format": REFERENCE_FORMAT,
+        "config": determining_config(config),
+        "shards": {cid: shard_digest(shard) for cid, shard in shards.items()},
+        "code": code_digest(),
+        "versions": {"numpy": np.__version__, "torch": _version("torch")},
+    }
+    text = json.dumps(keyed, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest(), keyed
+
+
+# --- training ---------------------------------------------------------------------------
+def train_local_reference(
+    config: RunConfig, shards: Mapping[str, Shard], *, workers: int | None = None
+) -> dict[str, dict[str, float]]:
+    """Per client: accuracy, F1 and MAE of a Local run of ``config`` over ``shards``
+    (means over the last five rounds). Pure: no broker, no files."""
+    import torch
+
+    from mqttfl.algorithms import get_algorithm, make_context
+    from mqttfl.engine.rounds import select_clients
+    from mqttfl.nodes.device import build_client_side, round_rng
+    from mqttfl.training.metrics import classification_report
+
+    local = config.model_copy(update={"method": "local"})
+    algorithm = get_algorithm("local")
+    ctx = make_context(local)
+    server = algorithm.server(ctx)
+    ids = sorted(shards, key=client_order)
+    fed = config.federation
+    rounds = range(1, config.rounds + 1)
+    selected = {
+        t: select_clients(
+            ids,
+            fraction=fed.fraction,
+            min_clients=fed.min_clients,
+            seed=config.seed,
+            t=t,
+            attempt=1,
+        )
+        for t in rounds
+    }
+    params = {t: server.round_params(t) for t in rounds}
+    # One build at a time: each seeds torch's global generator (identical initial weights).
+    sides = {cid: build_client_side(local, algorithm, ctx, cid, shards[cid]) for cid in ids}
+
+    stop = threading.Event()  # set when the caller gives up (Ctrl-C): end after the round
+
+    def run_client(cid: str) -> list[dict[str, Any]]:
+        side, shard = sides[cid], shards[cid]
+        records = []
+        for t in rounds:
+            if stop.is_set():
+                break
+            if cid in selected[t]:
+                side.train(t, dict(params[t]), round_rng(config.seed, side.info, t))
+            side.receive(t, {}, None)
+            report = classification_report(shard.y_test, side.predict(shard.x_test))
+            records.append({"client_id": cid, "round": t, **report})
+        return records
+
+    threads = config.train.torch_threads
+    pool_size = workers or max(1, min(len(ids), (os.cpu_count() or 1) // threads))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)  # as each client process sets it
+    pool = ThreadPoolExecutor(pool_size, thread_name_prefix="mqttfl-reference")
+    try:
+        records = [r for rs in pool.map(run_client, ids) for r in rs]
+    finally:
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        torch.set_num_threads(previous)
+    return {cid: {k: row[k] for k in METRICS} for cid, row in summarize_clients(records).items()}
+
+
+# --- the cache --------------------------------------------------------------------------
+def _read_cached(path: Path, key: str) -> dict[str, Any] | None:
+    try:
+        cached = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        get_logger().warning("reference.unreadable", path=str(path), error=str(exc)[:200])
+        return None
+    if (
+        not isinstance(cached, dict)
+        or cached.get("key") != key
+        or cached.get("format") != REFERENCE_FORMAT
+    ):
+        return None
+    return cached
+
+
+def local_reference(
+    config: RunConfig,
+    *,
+    cache_dir: Path | None = None,
+    shards: Mapping[str, Shard] | None = None,
+) -> LocalReference:
+    """The Local reference of ``config``: from the cache if it holds one with this key,
+    else trained now (and cached). ``shards`` default to the clients' own, as `mqttfl run`
+    loads them."""
+    log = get_logger(run_id=config.run_id, client_id="launcher")
+    if shards is None:
+        from mqttfl.evaluation.pooled import client_shards
+
+        shards = client_shards(config)
+    key, keyed = reference_key(config, shards)
+    path = (cache_dir or cache_root()) / "local-reference" / f"{key}.json"
+    cached = _read_cached(path, key)
+    if cached is not None:
+        log.info("reference.cached", path=str(path), key=key[:16])
+        return LocalReference(
+            {cid: dict(row) for cid, row in cached["clients"].items()},
+            key,
+            "cached",
+            path,
+            float(cached["seconds"]),
+        )
+    log.info(
+        "reference.training",
+        clients=len(shards),
+        rounds=config.rounds,
+        hint="--no-local-reference skips it",
+    )
+    began = time.monotonic()
+    clients = train_local_reference(config, shards)
+    seconds = round(time.monotonic() - began, 1)
+    record = {
+        "format": REFERENCE_FORMAT,
+        "key": key,
+        "keyed": keyed,
+        "what": WHAT,
+        "trained_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": seconds,
+        "clients": clients,
+        "mean": mean_over_clients(clients),
+    }
+    stored: Path | None = path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    except OSError as exc:
+        log.warning("reference.not_cached", path=str(path), error=exc.strerror or str(exc))
+        stored = None
+    log.info("reference.trained", seconds=seconds, path=str(stored), key=key[:16])
+    return LocalReference(clients, key, "trained", stored, seconds)
+
+
+# --- into the run's summary -----------------------------------------------------------------
+def with_reference(summary: dict[str, Any], reference: LocalReference) -> dict[str, Any]:
+    """``summary`` with a ``local_reference`` block: the reference's per-client and mean
+    metrics, where it came from, and the gain (the run's accuracy minus the reference's)
+    per client and as the mean over the clients both have."""
+    gains = {
+        cid: float(row["accuracy"]) - reference.clients[cid]["accuracy"]
+        for cid, row in summary["clients"].items()
+        if cid in reference.clients
+    }
+    return {
+        **summary,
+        "local_reference": {
+            "what": WHAT,
+            "source": reference.source,
+            "cache": None if reference.path is None else str(reference.path),
+            "key": reference.key,
+            "seconds": reference.seconds,
+            "clients": reference.clients,
+            "mean": reference.mean,
+            "gain": {
+                "clients": gains,
+                "mean": float(np.mean(list(gains.values()))) if gains else None,
+            },
+        },
+    }
+
+
+def add_local_reference(
+    config: RunConfig, summary: dict[str, Any], out: Path, *, cache_dir: Path | None = None
+) -> dict[str, Any]:
+    """Attach the Local reference to a finished run's summary and rewrite its
+    ``summary.json`` with it; return the new summary."""
+    summary = with_reference(summary, local_reference(config, cache_dir=cache_dir))
+    write_atomic(
+        out / "summary.json", (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode()
+    )
+    return summary

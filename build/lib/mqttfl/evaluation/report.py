@@ -1,0 +1,296 @@
+"""`mqttfl report`: markdown tables and PNG plots from the outputs of finished runs.
+
+Reads each run directory's ``summary.json`` and ``metrics.jsonl`` (a directory without a
+summary is searched for run directories below it, so a ``mqttfl compare`` output works
+too) and writes to ``--out``:
+
+- ``report.md``: one row per method (mean ± std over its runs of the last-5-round means,
+  and payload KB per client-round up and down), one row per run, and each run's
+  per-client table;
+- ``accuracy.png``: mean client accuracy per round, one line per method (averaged over
+  its runs);
+- ``bytes.png``: payload KB per round (all clients, up and down), one line per method;
+- ``clients.png``: per-client accuracy bars, one group per client, one bar per method;
+- ``report.json``: the numbers behind all of it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mqttfl.errors import MqttflError
+from mqttfl.wire.ids import client_order
+
+METRICS = ("accuracy", "f1", "mae")
+
+
+@dataclass
+class RunData:
+    path: Path
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+
+    @property
+    def method(self) -> str:
+        return str(self.summary.get("method", "?"))
+
+    @property
+    def label(self) -> str:
+        return self.path.name
+
+    def per_round(self, key: str, how: str = "mean") -> dict[int, float]:
+        by_round: dict[int, list[float]] = defaultdict(list)
+        for record in self.records:
+            if key in record:
+                by_round[int(record["round"])].append(float(record[key]))
+        reduce = np.sum if how == "sum" else np.mean
+        return {t: float(reduce(values)) for t, values in sorted(by_round.items())}
+
+
+def find_runs(paths: list[Path]) -> list[RunData]:
+    """Every run directory (one holding summary.json) given or below the given paths."""
+    found: list[Path] = []
+    for path in paths:
+        if not path.is_dir():
+            raise MqttflError(f"not a directory: {path}")
+        if (path / "summary.json").is_file():
+            found.append(path)
+        else:
+            found.extend(sorted(p.parent for p in path.rglob("summary.json")))
+    if not found:
+        raise MqttflError(f"no run directory (with summary.json) in {', '.join(map(str, paths))}")
+    runs = []
+    for path in dict.fromkeys(found):
+        try:
+            summary = json.loads((path / "summary.json").read_text())
+        except json.JSONDecodeError as exc:
+            raise MqttflError(f"{path / 'summary.json'} is not valid JSON: {exc}") from None
+        runs.append(RunData(path, summary, _read_metrics(path / "metrics.jsonl")))
+    return runs
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut short by a killed coordinator
+    return records
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    array = np.asarray(values, dtype=np.float64)
+    return float(array.mean()), float(array.std(ddof=1)) if len(array) > 1 else 0.0
+
+
+def method_rows(runs: list[RunData]) -> list[dict[str, Any]]:
+    """Per method: mean ± std over its runs of accuracy, F1, MAE and KB per client-round."""
+    by_method: dict[str, list[RunData]] = defaultdict(list)
+    for run in runs:
+        by_method[run.method].append(run)
+    rows = []
+    for method, members in by_method.items():
+        row: dict[str, Any] = {"method": method, "runs": len(members)}
+        for key in METRICS:
+            row[key] = _mean_std([float(r.summary["mean"][key]) for r in members])
+        for direction in ("up", "down"):
+            row[f"kb_{direction}"] = _mean_std(
+                [
+                    float(r.summary["comm"][f"{direction}_bytes_per_client_round"]) / 1000
+                    for r in members
+                ]
+            )
+        rows.append(row)
+    return rows
+
+
+def _pm(pair: tuple[float, float], scale: float = 1.0, digits: int = 2) -> str:
+    mean, std = pair
+    return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}"
+
+
+def render_markdown(runs: list[RunData], rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "# mqttfl report",
+        "",
+        f"{len(runs)} run(s). Accuracy, F1 (%) and MAE are each run's mean over clients of the last "
+        "five rounds; methods show mean ± std over their runs. KB: payload per client-round.",
+        "",
+        "## Methods",
+        "",
+        "| method | runs | Acc. (%) | F1 (%) | MAE | KB up | KB down |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['method']} | {row['runs']} | {_pm(row['accuracy'], 100)} | {_pm(row['f1'], 100)} | "
+            f"{_pm(row['mae'], digits=3)} | {_pm(row['kb_up'])} | {_pm(row['kb_down'])} |"
+        )
+    lines += [
+        "",
+        "## Runs",
+        "",
+        "| run | method | rounds | clients | Acc. (%) | F1 (%) | MAE | KB up | KB down | "
+        "rejected |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        mean, comm = run.summary["mean"], run.summary["comm"]
+        rejected = sum(run.summary.get("rejections", {}).values())
+        lines.append(
+            f"| {run.label} | {run.method} | {run.summary.get('rounds_completed', '?')} | "
+            f"{len(run.summary.get('clients', {}))} | {mean['accuracy'] * 100:.2f} | {mean['f1'] * 100:.2f} | "
+            f"{mean['mae']:.3f} | {comm['up_bytes_per_client_round'] / 1000:.2f} | "
+            f"{comm['down_bytes_per_client_round'] / 1000:.2f} | {rejected} |"
+        )
+    for run in runs:
+        lines += [
+            "",
+            f"### {run.label} ({run.method}): per client",
+            "",
+            "| client | Acc. (%) | F1 (%) | MAE | KB sent | KB received |",
+            "|---|---|---|---|---|---|",
+        ]
+        for client, row in run.summary.get("clients", {}).items():
+            lines.append(
+                f"| {client} | {row['accuracy'] * 100:.2f} | {row['f1'] * 100:.2f} | {row['mae']:.3f} | "
+                f"{row['kb_sent']:.1f} | {row['kb_received']:.1f} |"
+            )
+    lines += [
+        "",
+        "![accuracy per round](accuracy.png)",
+        "",
+        "![bytes per round](bytes.png)",
+        "",
+        "![per-client accuracy](clients.png)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _method_curves(runs: list[RunData], key: str, how: str) -> dict[str, dict[int, float]]:
+    """Per method, the per-round value averaged over its runs."""
+    grouped: dict[str, list[dict[int, float]]] = defaultdict(list)
+    for run in runs:
+        curve = run.per_round(key, how)
+        if curve:
+            grouped[run.method].append(curve)
+    out = {}
+    for method, curves in grouped.items():
+        rounds = sorted(set().union(*curves))
+        out[method] = {t: float(np.mean([c[t] for c in curves if t in c])) for t in rounds}
+    return out
+
+
+def _line_plot(curves: dict[str, dict[int, float]], ylabel: str, title: str, path: Path) -> None:
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    figure = Figure(figsize=(7, 4.2), layout="constrained")
+    ax = figure.subplots()
+    for method, curve in sorted(curves.items()):
+        rounds = list(curve)
+        ax.plot(
+            rounds, list(curve.values()), marker="o" if len(rounds) < 15 else None, label=method
+        )
+    values = [v for curve in curves.values() for v in curve.values() if v > 0]
+    if values and max(values) > 20 * min(values):  # e.g. weights next to prototypes
+        ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if curves:
+        ax.legend(fontsize="small")
+    figure.savefig(path, dpi=110)
+
+
+def _client_bars(runs: list[RunData], path: Path) -> dict[str, dict[str, float]]:
+    from matplotlib.figure import Figure
+
+    grouped: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        for client, row in run.summary.get("clients", {}).items():
+            grouped[run.method][client].append(float(row["accuracy"]))
+    bars = {m: {c: float(np.mean(v)) for c, v in clients.items()} for m, clients in grouped.items()}
+    clients = sorted(
+        {c for per in bars.values() for c in per},
+        key=client_order,
+    )
+    figure = Figure(figsize=(max(6.0, 0.9 * len(clients) + 2), 4.2), layout="constrained")
+    ax = figure.subplots()
+    width = 0.8 / max(len(bars), 1)
+    x = np.arange(len(clients))
+    for index, (method, per) in enumerate(sorted(bars.items())):
+        ax.bar(
+            x + index * width - 0.4 + width / 2,
+            [per.get(c, 0.0) for c in clients],
+            width,
+            label=method,
+        )
+    ax.set_xticks(x, clients)
+    ax.set_xlabel("client")
+    ax.set_ylabel("accuracy (last 5 rounds)")
+    ax.set_ylim(0, 1)
+    ax.set_title("Per-client accuracy")
+    ax.grid(alpha=0.3, axis="y")
+    if bars:
+        ax.legend(fontsize="small")
+    figure.savefig(path, dpi=110)
+    return bars
+
+
+def write_report(paths: list[Path], out: Path) -> Path:
+    """Render the report of the runs under ``paths`` into ``out``; return report.md."""
+    runs = find_runs(paths)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = method_rows(runs)
+    accuracy = _method_curves(runs, "accuracy", "mean")
+    up = _method_curves(runs, "bytes_up", "sum")
+    down = _method_curves(runs, "bytes_down", "sum")
+    kb = {
+        m: {
+            t: (up.get(m, {}).get(t, 0.0) + down.get(m, {}).get(t, 0.0)) / 1000
+            for t in sorted(set(up.get(m, {})) | set(down.get(m, {})))
+        }
+        for m in set(up) | set(down)
+    }
+    _line_plot(accuracy, "mean client accuracy", "Accuracy per round", out / "accuracy.png")
+    _line_plot(kb, "KB per round (all clients, up + down)", "Bytes per round", out / "bytes.png")
+    bars = _client_bars(runs, out / "clients.png")
+    (out / "report.md").write_text(render_markdown(runs, rows))
+    (out / "report.json").write_text(
+        json.dumps(
+            {
+                "runs": [
+                    {
+                        "path": str(r.path),
+                        "method": r.method,
+                        "mean": r.summary["mean"],
+                        "comm": r.summary["comm"],
+                        "clients": r.summary.get("clients", {}),
+                    }
+                    for r in runs
+                ],
+                "methods": rows,
+                "accuracy_per_round": {
+                    m: {str(t): v for t, v in c.items()} for m, c in accuracy.items()
+                },
+                "kb_per_round": {m: {str(t): v for t, v in c.items()} for m, c in kb.items()},
+                "client_accuracy": bars,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    return out / "report.md"

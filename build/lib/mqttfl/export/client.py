@@ -1,0 +1,219 @@
+"""Rebuild a client of a finished run and write its evaluation model as ONNX.
+
+The client is built as its runner builds it (:func:`mqttfl.nodes.device.build_client_side`
+on the shard its config gives it), its state file ``clients/client-<id>.pt`` is loaded,
+and its method's :meth:`~mqttfl.algorithms.base.ClientSide.evaluation_model` for the last
+round it applied is traced with ``torch.onnx.export`` (the dynamo exporter, a dynamic
+batch axis). The ONNX model is then run with onnxruntime on the client's test windows
+and compared with torch: the largest absolute difference goes into ``sensor.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mqttfl.errors import DataError, MqttflError
+from mqttfl.export.sensor import class_names, preprocess_from_shard
+from mqttfl.sensing.spec import MODEL_FILE, SensorSpec
+from mqttfl.wire.ids import check_id, client_order
+
+OPSET = 18
+EVAL_BATCH = 256  # mqttfl.training.loops.predict_logits evaluates in batches of 256
+INPUT_NAME, OUTPUT_NAME = "x", "scores"
+
+
+@dataclass(frozen=True)
+class Exported:
+    client_id: str
+    directory: Path
+    spec: SensorSpec
+    max_abs_diff: float
+
+
+def run_summary(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / "summary.json"
+    if not Path(run_dir).is_dir():
+        raise DataError(run_dir, "run directory not found")
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(path, "file not found: the run has not finished") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DataError(path, f"unreadable: {exc}") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("config"), dict):
+        raise DataError(path, "holds no 'config' (not written by mqttfl run or coordinator)")
+    return summary
+
+
+def run_clients(summary: dict[str, Any]) -> list[str]:
+    return sorted((str(c) for c in summary.get("clients") or {}), key=client_order)
+
+
+def last_scores(run_dir: Path, client_id: str) -> dict[str, Any]:
+    """The client's last evaluated round in metrics.jsonl (accuracy, F1, MAE)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    best: dict[str, Any] | None = None
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if str(record.get("client_id")) == client_id and (
+                best is None or int(record["round"]) >= int(best["round"])
+            ):
+                best = record
+    if best is None:
+        return {}
+    keys = ("round", "accuracy", "f1", "mae", "num_test")
+    return {key: best[key] for key in keys if key in best}
+
+
+def export_onnx(module: Any, example: np.ndarray, path: Path) -> None:
+    """The dynamo exporter; its progress lines and warnings (torchvision absent, ...)
+    are kept off the command's output."""
+    import torch
+
+    quiet = logging.getLogger("torch.onnx")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module,
+                (torch.from_numpy(example),),
+                str(path),
+                input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME],
+                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+                opset_version=OPSET,
+                dynamo=True,
+                external_data=False,
+            )
+    finally:
+        quiet.setLevel(level)
+
+
+def torch_scores(module: Any, x: np.ndarray, batch: int) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        parts = [
+            module(torch.from_numpy(x[i : i + batch])).numpy() for i in range(0, len(x), batch)
+        ]
+    return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
+
+
+def onnx_scores(path: Path, x: np.ndarray, batch: int) -> np.ndarray:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    parts = [
+        session.run([OUTPUT_NAME], {INPUT_NAME: x[i : i + batch]})[0]
+        for i in range(0, len(x), batch)
+    ]
+    return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
+
+
+def export_client(
+    run_dir: Path,
+    client_id: str,
+    out: Path,
+    *,
+    shard_dir: Path | None = None,
+    with_shard: bool = False,
+) -> Exported:
+    """Write ``out/model.onnx`` and ``out/sensor.json`` for one client of a finished run
+    (and with ``with_shard`` the client's shard as the run built it, in ``out/shard``)."""
+    import torch
+
+    from mqttfl.algorithms import get_algorithm, make_context
+    from mqttfl.config import RunConfig
+    from mqttfl.data.sources import load_client_shard
+    from mqttfl.nodes.client_state import Progress, StateFile
+    from mqttfl.nodes.device import build_client_side
+
+    run_dir = Path(run_dir)
+    client_id = check_id(client_id)
+    summary = run_summary(run_dir)
+    known = run_clients(summary)
+    if known and client_id not in known:
+        raise MqttflError(f"--client {client_id}: run {run_dir} has clients {', '.join(known)}")
+    state_path = run_dir / "clients" / f"client-{client_id}.pt"
+    if not state_path.is_file():
+        raise DataError(state_path, "client state file not found")
+    try:
+        config = RunConfig.model_validate(summary["config"])
+    except Exception as exc:
+        raise DataError(run_dir / "summary.json", f"its config does not load: {exc}") from None
+    shard = load_client_shard(
+        config.data,
+        client_id,
+        seed=config.seed,
+        num_classes=config.model.num_classes,
+        num_clients=config.federation.num_clients,
+        shard_dir=shard_dir,
+    )
+    torch.set_num_threads(config.train.torch_threads)  # the client's (reductions' order)
+    algorithm = get_algorithm(config.method)
+    method = build_client_side(config, algorithm, make_context(config), client_id, shard)
+    progress = Progress()
+    StateFile(state_path).load(method.model, method, progress)
+    module = method.evaluation_model(progress.applied_round).eval()
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    x = shard.x_test if len(shard.x_test) else shard.x_train
+    model_path = out / MODEL_FILE
+    export_onnx(module, np.ascontiguousarray(x[: min(len(x), 4)]), model_path)
+    reference = torch_scores(module, x, EVAL_BATCH)
+    scores = onnx_scores(model_path, x, EVAL_BATCH)
+    deviation = float(np.max(np.abs(reference - scores))) if reference.size else 0.0
+    agree = float(np.mean(reference.argmax(axis=1) == scores.argmax(axis=1))) if len(x) else 1.0
+
+    labels, counts = class_names(shard, config.model.num_classes)
+    metrics = last_scores(run_dir, client_id)
+    spec = SensorSpec(
+        input_name=INPUT_NAME,
+        input_shape=shard.sample_shape,
+        output_name=OUTPUT_NAME,
+        classes=labels,
+        counts=counts,
+        preprocess=preprocess_from_shard(shard, where=f"client {client_id}'s shard"),
+        run={
+            "run_id": config.run_id,
+            "method": config.method,
+            "client_id": client_id,
+            "round": progress.applied_round,
+            "arch": method.info.arch,
+            "source": config.data.source,
+            "device": shard.meta.get("device"),
+            "run_dir": str(run_dir.resolve()),
+        },
+        scores=metrics,
+        eval_batch_size=EVAL_BATCH,
+        export={
+            "opset": OPSET,
+            "torch": torch.__version__,
+            "windows_checked": len(x),
+            "max_abs_diff_vs_torch": deviation,
+            "argmax_agreement": agree,
+        },
+    )
+    spec.write(out)
+    if with_shard:
+        from mqttfl.data.shard import save_shard
+
+        save_shard(shard, out / "shard")
+    return Exported(client_id, out, spec, deviation)

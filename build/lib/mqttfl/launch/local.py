@@ -1,0 +1,271 @@
+"""`mqttfl run`: a local broker, the coordinator and one OS process per client (or,
+with ``--fleets K``, K fleet processes holding contiguous blocks of the clients; each
+fleet client still has its own identity on the broker).
+
+Everything started here is torn down on success, failure, Ctrl-C or SIGTERM: children
+run in their own sessions and are terminated (then killed) by us, and each child also
+exits by itself if this process disappears (MQTTFL_PARENT_PID).  If every client exits
+while the coordinator still runs (a bad shard makes each one fail at start), the run
+stops with an error instead of waiting for clients that will never come.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from mqttfl.config import RunConfig
+from mqttfl.errors import MqttflError
+from mqttfl.logs import get_logger
+from mqttfl.provisioning.local_broker import LocalBroker, free_port
+from mqttfl.wire.control import COORDINATOR
+
+CHILD_GRACE_S = 30.0
+POLL_S = 0.2
+
+
+@contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """Turn SIGTERM into ``SystemExit(143)`` while the federation runs, so that the
+    ``finally`` blocks stop the children and the broker as they do on Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the cleanup
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def default_out_dir(config: RunConfig) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{config.run_id}-{stamp}"
+
+
+class LocalFederation:
+    def __init__(
+        self,
+        config: RunConfig,
+        config_path: str | None,
+        overrides: list[str],
+        out_dir: Path,
+        broker_url: str | None = None,
+        *,
+        coordinator_console: str = "info",
+        fleets: int | None = None,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.overrides = overrides
+        self.out_dir = out_dir
+        self.broker_url = broker_url
+        self.coordinator_console = coordinator_console
+        self.fleets = fleets  # None: one process per client
+        self.credentials_dir: Path | None = None  # the local broker's <id>.env files
+        self.broker: LocalBroker | None = None
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.credentials: dict[str, dict[str, str]] = {}  # per identity, for the local broker
+        self.log = get_logger(run_id=config.run_id, client_id="launcher")
+
+    def _command(self, role: str, *extra: str) -> list[str]:
+        cmd = [sys.executable, "-m", "mqttfl", role, "--broker", str(self.broker_url)]
+        if self.config_path:
+            cmd += ["--config", self.config_path]
+        for item in self.overrides:
+            cmd += ["--set", item]
+        return cmd + list(extra)
+
+    def _start_local_broker(self) -> None:
+        """A Mosquitto of this run only, locked like `broker init` does it: generated
+        credentials per identity and an ACL, so nobody else on this machine can drive the
+        run (publish a start, a downlink or another client's upload)."""
+        from mqttfl.provisioning.broker_init import init_broker
+
+        ids = [str(index) for index in range(self.config.federation.num_clients)]
+        work = self.out_dir / "broker"
+        setup = init_broker(work, ids, run_id=self.config.run_id, port=free_port(), force=True)
+        self.credentials = {name: setup.env(name) for name in (COORDINATOR, *ids)}
+        self.credentials_dir = setup.env_file(COORDINATOR).parent
+        # Kept before start(): a signal during the start still stops it in shutdown().
+        self.broker = LocalBroker(work, port=setup.port, conf=setup.conf.read_text())
+        self.broker.start()
+        self.broker_url = self.broker.url
+        self.log.info("broker.started", url=self.broker_url, acl=str(setup.out / "acl"))
+
+    def _spawn(self, name: str, cmd: list[str], console_level: str, identity: str) -> None:
+        env = {
+            **os.environ,
+            **self.credentials.get(identity, {}),
+            "MQTTFL_PARENT_PID": str(os.getpid()),
+            "MQTTFL_CONSOLE_LEVEL": console_level,
+            "MQTTFL_LOG_DIR": str(self.out_dir / "logs"),
+        }
+        self.children[name] = subprocess.Popen(
+            cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL
+        )
+
+    def start_client(self, client_id: str) -> None:
+        self._spawn(
+            f"client-{client_id}",
+            self._command(
+                "client", "--id", client_id, "--state-dir", str(self.out_dir / "clients")
+            ),
+            "warning",
+            client_id,
+        )
+
+    def start_fleet(self, index: int, ids: list[str]) -> None:
+        """One `mqttfl fleet` process for ``ids``; the cores are divided among the fleets."""
+        from mqttfl.nodes.fleet import default_workers, format_ids
+
+        extra = [
+            "--ids",
+            format_ids(ids),
+            "--state-dir",
+            str(self.out_dir / "clients"),
+            "--workers",
+            str(max(1, default_workers() // (self.fleets or 1))),
+        ]
+        if self.credentials_dir is not None:
+            extra += ["--credentials-dir", str(self.credentials_dir)]
+        self._spawn(f"fleet-{index}", self._command("fleet", *extra), "warning", "")
+
+    def _start_clients(self) -> None:
+        ids = [str(index) for index in range(self.config.federation.num_clients)]
+        if self.fleets is None:
+            for client in ids:
+                self.start_client(client)
+            return
+        from mqttfl.nodes.fleet import split_ids
+
+        for index, block in enumerate(split_ids(ids, self.fleets)):
+            self.start_fleet(index, block)
+
+    def run(self) -> dict[str, Any]:
+        with _sigterm_as_exit():
+            return self._run()
+
+    def _check_local_data(self) -> None:
+        """Shards named by the config must be here: every client runs on this machine."""
+        if self.config.data.source == "shards":
+            from mqttfl.data.sources import shard_directory
+
+            for index in range(self.config.federation.num_clients):
+                shard_directory(self.config.data, str(index))
+
+    def _run(self) -> dict[str, Any]:
+        self._check_local_data()
+        num_clients = self.config.federation.num_clients
+        if self.fleets is not None and not 1 <= self.fleets <= num_clients:
+            raise MqttflError(
+                f"--fleets {self.fleets}: between 1 and federation.num_clients ({num_clients})"
+            )
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if self.broker_url is None:
+                self._start_local_broker()
+            self._spawn(
+                "coordinator",
+                self._command("coordinator", "--out", str(self.out_dir)),
+                self.coordinator_console,
+                COORDINATOR,
+            )
+            self._start_clients()
+            code = self._wait_coordinator()
+            if code != 0:
+                raise MqttflError(
+                    f"the coordinator failed (exit {code}); see {self.out_dir / 'logs'}"
+                )
+            self._wait_clients(CHILD_GRACE_S)
+            summary: dict[str, Any] = json.loads((self.out_dir / "summary.json").read_text())
+            return summary
+        finally:
+            self.shutdown()
+
+    def _wait_coordinator(self) -> int:
+        """The coordinator's exit code; raise MqttflError if the clients are all gone.
+
+        Clients that all failed (none exited 0) end the wait at once.  Clients that all
+        finished normally leave the coordinator ``final_metrics_timeout_s`` plus
+        ``CHILD_GRACE_S`` to write its summary and exit.
+        """
+        coordinator = self.children["coordinator"]
+        grace = self.config.federation.final_metrics_timeout_s + CHILD_GRACE_S
+        all_gone_since: float | None = None
+        while True:
+            code = coordinator.poll()
+            if code is not None:
+                return code
+            codes = {
+                name: child.poll() for name, child in self.children.items() if name != "coordinator"
+            }
+            if codes and None not in codes.values():
+                logs = self.out_dir / "logs"
+                if 0 not in codes.values():
+                    self.log.error("clients.all_exited", exit_codes=codes)
+                    raise MqttflError(
+                        f"every client exited ({_describe_exits(codes)}) while the "
+                        f"coordinator was still running; see their logs in {logs}"
+                    )
+                all_gone_since = all_gone_since or time.monotonic()
+                if time.monotonic() - all_gone_since > grace:
+                    self.log.error("coordinator.lingering", exit_codes=codes)
+                    raise MqttflError(
+                        f"every client exited, and the coordinator was still running "
+                        f"{grace:.0f} s later; see {logs}"
+                    )
+            time.sleep(POLL_S)
+
+    def _wait_clients(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for name, child in self.children.items():
+            if name != "coordinator":
+                try:
+                    child.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    self.log.warning("client.lingering", client=name)
+
+    def shutdown(self) -> None:
+        for child in self.children.values():
+            if child.poll() is None:
+                _signal_group(child, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for child in self.children.values():
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(child, signal.SIGKILL)
+                child.wait()
+        if self.broker is not None:
+            self.broker.stop()
+
+
+def _describe_exits(codes: dict[str, int | None]) -> str:
+    """``exit 2: client-0, client-1; killed by signal 9: client-2``."""
+    groups: dict[str, list[str]] = {}
+    for name, code in codes.items():
+        what = f"killed by signal {-code}" if code is not None and code < 0 else f"exit {code}"
+        groups.setdefault(what, []).append(name)
+    return "; ".join(f"{what}: {', '.join(names)}" for what, names in groups.items())
+
+
+def _signal_group(child: subprocess.Popen[bytes], sig: int) -> None:
+    with suppress(ProcessLookupError):
+        os.killpg(child.pid, sig)

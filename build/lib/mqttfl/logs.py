@@ -1,0 +1,83 @@
+"""structlog setup: JSON lines to one file per process, readable lines on a TTY.
+
+Event names are dotted verbs (``round.closed``, ``upload.rejected``); ``run_id``,
+``round`` and ``client_id`` are bound as context by the runtime.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import MutableMapping
+from pathlib import Path
+from typing import Any, TextIO, cast
+
+import structlog
+
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+
+
+class _Tee:
+    """Write each rendered event to the JSON file and, pretty, to the console."""
+
+    def __init__(self, file: TextIO | None, console: TextIO | None, console_level: int):
+        self._file = file
+        self._console = console
+        self._console_level = console_level
+        self._pretty = structlog.dev.ConsoleRenderer(colors=bool(console and console.isatty()))
+        self._json = structlog.processors.JSONRenderer()
+
+    def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
+        if self._console is not None and _LEVELS.get(method, logging.INFO) >= self._console_level:
+            self._console.write(self._pretty(logger, method, dict(event)) + "\n")
+            self._console.flush()
+        rendered = self._json(logger, method, event)
+        # JSONRenderer gives bytes only with a bytes-returning serializer, which we don't use.
+        line = rendered.decode() if isinstance(rendered, bytes) else rendered
+        if self._file is not None:
+            self._file.write(line + "\n")
+            self._file.flush()
+        return line
+
+
+class _NullLogger:
+    def msg(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    debug = info = warning = warn = error = critical = exception = log = msg
+
+
+def configure_logging(
+    log_file: Path | None,
+    *,
+    level: str = "info",
+    console: TextIO | None = sys.stderr,
+    console_level: str | None = None,
+) -> None:
+    """Route structlog events to ``log_file`` (JSON lines) and ``console`` (pretty)."""
+    file = None
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        file = open(log_file, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives with the process
+    threshold = _LEVELS[level]
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            _Tee(file, console, _LEVELS[console_level or level]),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(threshold),
+        logger_factory=lambda *args: _NullLogger(),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger(**context: Any) -> structlog.typing.FilteringBoundLogger:
+    return cast("structlog.typing.FilteringBoundLogger", structlog.get_logger().bind(**context))

@@ -1,0 +1,451 @@
+"""`mqttfl watch`: a live terminal view of a running federation, read only from the broker.
+
+    mqttfl watch --broker mqtt://host:1883 --run fedapa-csi [--config C] [--once]
+
+It subscribes to the run's status, state, start, ack, upload and metrics topics with the
+credentials any client uses (``[broker]`` or ``MQTTFL_BROKER__*``; `broker init` writes a
+read-only ``watch`` identity) and never publishes. Every message is hostile until a
+reader of :mod:`mqttfl.wire.control` has decoded it; one that fails is counted by its
+reason and the view goes on. Uploads are only counted: their envelope is checked (type,
+run, round and sender against the topic), never their payload. The watcher receives
+every upload to count it, so it costs the broker what one more coordinator would.
+
+:class:`FederationView` is the whole state, changed only by :meth:`FederationView.apply`
+(and :meth:`~FederationView.connection`) and drawn by :func:`render`; neither touches the
+network, so tests feed them by hand. On a TTY a ``rich`` Live view refreshes in place
+twice a second; piped, every event is one plain line. It ends on Ctrl-C, or when the
+run's status says finished (a final table, exit 0).
+
+A deadline is computed here, from a start's relative ``timeout_s`` and the time it
+arrived. The run status is retained: one that arrives right after connecting may be an
+old copy, so a deadline known only from it is an upper bound and shown as ``≤``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from mqttfl.bus.transport import Bus, Incoming
+from mqttfl.errors import WireError
+from mqttfl.wire.control import (
+    Online,
+    RoundStart,
+    RunStatus,
+    read_ack,
+    read_envelope,
+    read_metrics,
+    read_run_status,
+    read_start,
+    read_status,
+)
+from mqttfl.wire.ids import client_order
+from mqttfl.wire.topics import Topics
+
+REFRESH_PER_S = 2.0
+ONCE_LISTEN_S = 2.0  # --once: how long to listen before the snapshot
+RETAINED_WINDOW_S = 1.0  # a run status this soon after (re)connecting may be the retained copy
+KEEP_ROUNDS = 3  # per-round upload and ack tallies: the current round and its neighbours
+RECENT_EVENTS = 6  # event lines under the live table
+MAX_TEXT = 60  # characters of a site, reason or topic shown
+MAX_NAMES = 12  # missing clients named before "+N more"
+
+
+def clean(value: object, limit: int = MAX_TEXT) -> str:
+    """Printable text of at most ``limit`` characters: a hostile string may carry terminal
+    escapes (cells are rich ``Text``, so markup in it stays literal)."""
+    text = str(value)
+    shown = "".join(ch if ch.isprintable() else "?" for ch in text[:limit])
+    return shown + ("…" if len(text) > limit else "")
+
+
+def status_site(status: Online) -> str | None:
+    """The site a status names, if the wire carries one (an optional ``site`` on the
+    status or its client info); anything but a non-empty string is ignored."""
+    for holder in (status, status.info):
+        site = getattr(holder, "site", None)
+        if isinstance(site, str) and site:
+            return clean(site, 32)
+    return None
+
+
+@dataclass
+class ClientRow:
+    online: bool | None = None  # None: no status seen, or the retained one was cleared
+    site: str | None = None
+    reason: str = ""  # why it went offline
+    accuracy: float | None = None
+    mae: float | None = None
+    metrics_round: int = 0
+
+
+@dataclass
+class FederationView:
+    """What the broker has shown of one run; ``received`` times are ``time.monotonic()``."""
+
+    run_id: str
+    max_upload_bytes: int | None = None
+    phase: str = "unknown"  # unknown | waiting | open | closed | finished
+    round: int = 0
+    selected: tuple[str, ...] = ()
+    held: tuple[str, ...] = ()  # uploads the coordinator says it holds (a re-announcement)
+    deadline: float | None = None
+    deadline_exact: bool = True
+    closed_through: int = 0  # rounds close in order: 1..closed_through are closed
+    connected: bool = False
+    connected_at: float = float("-inf")
+    clients: dict[str, ClientRow] = field(default_factory=dict)
+    uploads: dict[int, Counter[str]] = field(default_factory=dict)  # round -> payloads
+    acks: dict[int, Counter[str]] = field(default_factory=dict)
+    rejected: Counter[str] = field(default_factory=Counter)
+    recent: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
+    messages: int = 0
+    _announced: tuple[int, int, int] | None = None
+    topics: Topics = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.topics = Topics(self.run_id)  # WireError for a run id no topic can hold
+
+    # --- queries -------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.phase == "finished"
+
+    def uploaded(self) -> set[str]:
+        """Clients whose upload for the current round is in (seen, or held by the coordinator)."""
+        return set(self.uploads.get(self.round, ())) | set(self.held)
+
+    def missing(self) -> list[str]:
+        done = self.uploaded()
+        return sorted((c for c in self.selected if c not in done), key=client_order)
+
+    def client_ids(self) -> list[str]:
+        return sorted(set(self.clients) | set(self.selected), key=client_order)
+
+    # --- updates -------------------------------------------------------------------------
+    def connection(self, up: bool, at: float) -> list[str]:
+        self.connected = up
+        if up:
+            self.connected_at = at
+        event = "connected to the broker" if up else "broker connection lost, reconnecting"
+        self.recent.append(event)
+        return [event]
+
+    def apply(self, topic: str, payload: bytes, received: float) -> list[str]:
+        """Take one message; return the event lines it makes. Never raises: a message that
+        does not decode is counted in ``rejected`` by its reason."""
+        self.messages += 1
+        try:
+            events = self._apply(topic, payload, received)
+        except WireError as exc:
+            self.rejected[exc.reason] += 1
+            events = [f"rejected {self._short(topic)}: {exc.reason}"]
+        self.recent.extend(events)
+        return events
+
+    def _short(self, topic: str) -> str:
+        prefix = self.topics.base + "/"
+        return clean(topic[len(prefix) :] if topic.startswith(prefix) else topic)
+
+    def _apply(self, topic: str, payload: bytes, received: float) -> list[str]:
+        where = self.topics.parse(topic)
+        run, client, t = self.run_id, where.client, where.round
+        if where.kind in ("status", "state") and not payload:
+            if client is not None and client in self.clients:  # a cleared retained status
+                self.clients[client].online = None
+            return []
+        if where.kind == "status" and client is not None:
+            return self._status(client, payload)
+        if where.kind == "state":
+            exact = received - self.connected_at > RETAINED_WINDOW_S
+            return self._run_status(read_run_status(payload, run_id=run), received, exact)
+        if where.kind == "start" and t is not None:
+            return self._open(read_start(payload, run_id=run, round=t), received, exact=True)
+        if where.kind == "ack" and client is not None and t is not None:
+            read_ack(payload, run_id=run, round=t, client=client)
+            self._tally(self.acks, t, client)
+            return []
+        if where.kind == "up" and client is not None and t is not None:
+            return self._upload(t, client, payload)
+        if where.kind == "metrics" and client is not None and t is not None:
+            return self._metrics(payload, t, client)
+        raise WireError("topic", f"the watcher does not read {where.kind} messages")
+
+    def _row(self, client: str) -> ClientRow:
+        return self.clients.setdefault(client, ClientRow())
+
+    def _status(self, client: str, payload: bytes) -> list[str]:
+        status = read_status(payload, run_id=self.run_id, client=client)
+        row = self._row(client)
+        was = row.online
+        if isinstance(status, Online):
+            row.online, row.reason, row.site = True, "", status_site(status)
+            where = f" at {row.site}" if row.site else ""
+            return [] if was is True else [f"client {client} online{where}"]
+        row.online, row.reason = False, clean(status.reason)
+        why = f" ({row.reason})" if row.reason else ""
+        return [] if was is False else [f"client {client} offline{why}"]
+
+    def _run_status(self, status: RunStatus, received: float, exact: bool) -> list[str]:
+        t = status.round
+        if t < self.round:
+            return []  # overtaken by what we already saw
+        if status.start is not None:
+            return self._open(status.start, received, exact=exact)
+        events = []
+        if status.phase in ("closed", "finished") and t > self.closed_through:
+            self.closed_through = t
+            events.append(f"round {t} closed")
+        if status.phase == "finished" and self.phase != "finished":
+            events.append(f"run finished after round {t}")
+        if status.phase == "waiting" and self.phase != "waiting":
+            events.append("waiting for clients")
+        if t != self.round:
+            self.selected, self.held = (), ()
+        self.phase, self.round, self.deadline = status.phase, t, None
+        self._prune()
+        return events
+
+    def _open(self, start: RoundStart, received: float, *, exact: bool) -> list[str]:
+        t = start.round
+        if t < self.round or (t == self.round and self.phase in ("closed", "finished")):
+            return []  # the start of a round already closed
+        deadline = received + float(start.timeout_s)
+        key = (t, start.attempt, start.announcement)
+        if key == self._announced:  # the same announcement again (run status, then start)
+            if exact and not self.deadline_exact:
+                self.deadline, self.deadline_exact = deadline, True
+            return []
+        self._announced = key
+        self.phase, self.round, self.selected, self.held = "open", t, start.selected, start.uploaded
+        self.deadline, self.deadline_exact = deadline, exact
+        self.closed_through = max(self.closed_through, t - 1)
+        self._prune()
+        attempt = f" (attempt {start.attempt})" if start.attempt > 1 else ""
+        return [
+            f"round {t} open{attempt}: {len(start.selected)} selected, "
+            f"deadline {'' if exact else '≤'}{start.timeout_s:.0f}s"
+        ]
+
+    def _upload(self, t: int, client: str, payload: bytes) -> list[str]:
+        read_envelope(  # the envelope only, bounded: the coordinator checks the body
+            payload, "upload", self.run_id, sender=client, round=t, max_bytes=self.max_upload_bytes
+        )
+        if not self._tally(self.uploads, t, client) or t != self.round:
+            return [f"client {client} uploaded round {t} (round {self.round} is current)"]
+        done = len(self.uploaded() & set(self.selected))
+        return [f"client {client} uploaded round {t} ({done}/{len(self.selected)})"]
+
+    def _metrics(self, payload: bytes, t: int, client: str) -> list[str]:
+        metrics = read_metrics(payload, run_id=self.run_id, round=t, client=client)
+        row = self._row(client)
+        if t < row.metrics_round:
+            return []
+        repeat = t == row.metrics_round
+        row.accuracy = float(metrics.values["accuracy"])
+        row.mae = float(metrics.values["mae"])
+        row.metrics_round = t
+        if repeat:
+            return []
+        return [f"client {client} round {t}: accuracy {row.accuracy:.3f}, MAE {row.mae:.2f}"]
+
+    def _keep(self, t: int) -> bool:
+        """Tallies are kept for the rounds around the current one (any, before the first
+        run status): a flood of other round numbers cannot grow them."""
+        return self.round == 0 or abs(t - self.round) <= 1
+
+    def _tally(self, store: dict[int, Counter[str]], t: int, client: str) -> bool:
+        if not self._keep(t):
+            return False
+        store.setdefault(t, Counter())[client] += 1
+        self._prune()
+        return True
+
+    def _prune(self) -> None:
+        for store in (self.uploads, self.acks):
+            for t in [t for t in store if not self._keep(t)]:
+                del store[t]
+            while len(store) > KEEP_ROUNDS:
+                del store[min(store)]
+
+
+# --- drawing -------------------------------------------------------------------------------
+def _countdown(view: FederationView, now: float) -> str:
+    if view.deadline is None:
+        return "-"
+    left = max(view.deadline - now, 0.0)
+    return f"{'' if view.deadline_exact else '≤'}{left:.0f}s"
+
+
+def _names(clients: list[str]) -> str:
+    if not clients:
+        return "none"
+    more = len(clients) - MAX_NAMES
+    return ", ".join(clients[:MAX_NAMES]) + (f" +{more} more" if more > 0 else "")
+
+
+def _round_line(view: FederationView, now: float) -> str:
+    t = view.round
+    if view.phase == "open":
+        done = len(view.uploaded() & set(view.selected))
+        return (
+            f"round {t} open · deadline {_countdown(view, now)} · "
+            f"uploads {done}/{len(view.selected)} · missing {_names(view.missing())}"
+        )
+    if view.phase == "closed":
+        return f"round {t} closed · waiting for round {t + 1}"
+    if view.phase == "finished":
+        return f"run finished after round {t}"
+    if view.phase == "waiting":
+        return "waiting for clients to join"
+    return "no run status yet"
+
+
+def _in_round(view: FederationView, client: str) -> Text:
+    if client not in view.selected or view.phase not in ("open", "closed", "finished"):
+        return Text("-")
+    if client in view.uploaded():
+        return Text("uploaded", style="green")
+    if view.phase != "open":
+        return Text("missed", style="red")
+    if view.acks.get(view.round, Counter())[client]:
+        return Text("training", style="yellow")
+    return Text("waiting")
+
+
+def _status_cell(row: ClientRow) -> Text:
+    if row.online is None:
+        return Text("-")
+    if row.online:
+        return Text("online", style="green")
+    return Text(f"offline ({row.reason})" if row.reason else "offline", style="red")
+
+
+def render(view: FederationView, now: float, *, recent: bool = False) -> RenderableType:
+    """The view as a header, a table of clients and (``recent``) the last events."""
+    online = sum(1 for row in view.clients.values() if row.online is True)
+    offline = sum(1 for row in view.clients.values() if row.online is False)
+    broker = "connected" if view.connected else "not connected"
+    rejected = ", ".join(f"{reason} {n}" for reason, n in view.rejected.most_common()) or "none"
+    header = Text.assemble(
+        ("mqttfl watch", "bold"),
+        f" · run {view.run_id} · broker {broker} · clients {online} online, {offline} offline\n",
+        (_round_line(view, now), "bold"),
+        f"\nrounds closed {view.closed_through} · rejected messages: {rejected}",
+    )
+    table = Table()
+    for name in ("client", "site", "status", f"round {view.round}" if view.round else "round"):
+        table.add_column(name)
+    for name in ("accuracy", "MAE", "eval round"):
+        table.add_column(name, justify="right")
+    for client in view.client_ids():
+        row = view.clients.get(client) or ClientRow()
+        measured = row.accuracy is not None and row.mae is not None
+        table.add_row(
+            Text(client),
+            Text(row.site or "-"),
+            _status_cell(row),
+            _in_round(view, client),
+            Text(f"{row.accuracy:.3f}" if row.accuracy is not None else "-"),
+            Text(f"{row.mae:.2f}" if row.mae is not None else "-"),
+            Text(str(row.metrics_round) if measured else "-"),
+        )
+    parts: list[RenderableType] = [header, table]
+    if recent and view.recent:
+        parts.append(Text("\n".join(view.recent), style="dim"))
+    return Group(*parts)
+
+
+# --- the command ---------------------------------------------------------------------------
+def watch_topics(topics: Topics) -> list[str]:
+    kinds = (topics.any_status, topics.state, topics.any_start, topics.any_ack, topics.any_up)
+    return [*kinds, topics.any_metrics]
+
+
+def _ignore(line: str) -> None:
+    return None
+
+
+def _print_line(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _take(view: FederationView, message: Incoming, emit: Callable[[str], None]) -> None:
+    for line in view.apply(message.topic, message.payload, message.received):
+        emit(line)
+
+
+async def listen(
+    view: FederationView,
+    bus: Bus,
+    *,
+    until: float | None = None,
+    emit: Callable[[str], None] = _ignore,
+    paint: Callable[[], None] | None = None,
+) -> None:
+    """Feed the bus's messages to ``view`` until ``until`` (monotonic) or the run finishes;
+    ``paint`` runs REFRESH_PER_S times a second."""
+    next_paint = time.monotonic()
+    while not view.finished:
+        now = time.monotonic()
+        if until is not None and now >= until:
+            return
+        if paint is not None and now >= next_paint:
+            paint()
+            next_paint = now + 1.0 / REFRESH_PER_S
+        stops = [s for s in (until, next_paint if paint else None) if s is not None]
+        wait = max(min(stops) - now, 0.01) if stops else None
+        try:
+            message = await asyncio.wait_for(bus.incoming.get(), timeout=wait)
+        except TimeoutError:
+            continue
+        _take(view, message, emit)
+    while not bus.incoming.empty():  # what arrived with the final status
+        _take(view, bus.incoming.get_nowait(), emit)
+
+
+async def run_watch(view: FederationView, bus: Bus, console: Console, *, once: bool) -> None:
+    live = console.is_terminal and not once
+    emit = _ignore if live or once else _print_line
+
+    def on_connection(up: bool) -> None:
+        for line in view.connection(up, time.monotonic()):
+            emit(line)
+
+    bus.on_connection = on_connection
+    async with asyncio.TaskGroup() as group:
+        bus_task = group.create_task(bus.run())
+        try:
+            await bus.wait_connected(timeout=bus.connect_timeout_s)
+            if once:
+                await listen(view, bus, until=time.monotonic() + ONCE_LISTEN_S)
+            elif live:
+                with Live(
+                    render(view, time.monotonic(), recent=True),
+                    console=console,
+                    auto_refresh=False,  # painted from this loop: no thread reads the view
+                    redirect_stdout=False,
+                    redirect_stderr=False,
+                ) as screen:
+
+                    def paint() -> None:
+                        screen.update(render(view, time.monotonic(), recent=True), refresh=True)
+
+                    await listen(view, bus, paint=paint)
+                    paint()
+            else:
+                await listen(view, bus, emit=emit)
+        finally:
+            bus_task.cancel()
+    if not live:  # the live screen already shows the last frame
+        console.print(render(view, time.monotonic()))

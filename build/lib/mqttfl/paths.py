@@ -1,0 +1,44 @@
+"""Output directories named on the command line: checked before anything is written.
+
+A path the user cannot write to (a regular file in the way, a read-only parent) is a
+user error, reported as one line that names the path, never as an ``OSError`` traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mqttfl.errors import MqttflError
+
+
+def creation_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be created (or written into) as a directory, or None."""
+    ancestor = Path(os.path.abspath(path))
+    try:
+        while not ancestor.exists() and ancestor.parent != ancestor:
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            return f"{ancestor} is not a directory"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"{ancestor} is not writable"
+    return None
+
+
+def make_dir(path: Path, *, what: str) -> Path:
+    """Create the directory ``path`` (and its parents) to write into; return it.
+
+    Raises :class:`MqttflError` naming ``what`` (``--out``) and the path if it cannot be
+    created or written into.
+    """
+    problem = creation_problem(path)
+    if problem is None:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            problem = exc.strerror or str(exc)
+    if problem is not None:
+        raise MqttflError(f"{what} {path}: cannot create the directory: {problem}")
+    return path

@@ -1,0 +1,367 @@
+"""`mqttfl broker init`: the files of a locked-down Mosquitto for one deployment.
+
+Written into ``--out``::
+
+    mosquitto.conf         no anonymous access, password file, ACL, packet size limit
+    passwd                 salted hashes made by mosquitto_passwd (plain text never stays)
+    acl                    per identity: the topics it may publish and subscribe to
+    credentials/<id>.env   MQTTFL_BROKER__USERNAME / __PASSWORD (and __TLS_CA) for one
+                           identity, mode 0600: ``set -a; . credentials/0.env; set +a``
+                           (``watch.env``: the read-only identity of `mqttfl watch`)
+    tls/                   with ``--tls``: a local CA (openssl) and the broker's certificate
+
+The ACL mirrors :mod:`mqttfl.wire.topics`. A client may publish only its own uplink,
+metrics and status, and subscribe only to the run's start/state/broadcast topics and
+its own downlink; the coordinator has its own identity with the whole run, and ``watch``
+may read the whole run but publish nothing. Credentials
+reach mqttfl through the config file or the environment, never the command line.
+"""
+
+from __future__ import annotations
+
+import getpass
+import ipaddress
+import os
+import secrets
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mqttfl.errors import BrokerError, MqttflError
+from mqttfl.paths import make_dir
+from mqttfl.provisioning.sites import (
+    EdgeBridge,
+    bridge_acl,
+    bridge_conf,
+    bridge_identity,
+)
+from mqttfl.wire import BROADCAST, check_id
+from mqttfl.wire.control import COORDINATOR
+
+# As broker/mosquitto.conf: the coordinator's broadcast to 1000 clients is ~21 MB.
+DEFAULT_MAX_PACKET = 64 * 1024 * 1024
+TOOL_TIMEOUT_S = 60.0
+WATCH = "watch"  # the read-only identity of `mqttfl watch`
+
+
+@dataclass(frozen=True)
+class BrokerSetup:
+    """What `broker init` wrote; ``passwords`` is for the caller, it is not stored in clear."""
+
+    out: Path
+    port: int
+    tls: bool
+    passwords: dict[str, str] = field(repr=False)
+
+    @property
+    def conf(self) -> Path:
+        return self.out / "mosquitto.conf"
+
+    @property
+    def ca(self) -> Path | None:
+        return self.out / "tls" / "ca.crt" if self.tls else None
+
+    @property
+    def url(self) -> str:
+        return f"{'mqtts' if self.tls else 'mqtt'}://127.0.0.1:{self.port}"
+
+    def env_file(self, identity: str) -> Path:
+        return self.out / "credentials" / f"{identity}.env"
+
+    def env(self, identity: str) -> dict[str, str]:
+        """The MQTTFL_BROKER__* variables of one identity (what its .env file holds)."""
+        return read_env_file(self.env_file(identity))
+
+
+def client_ids(*, clients: int | None = None, ids: str | None = None) -> list[str]:
+    if (clients is None) == (ids is None):
+        raise MqttflError("give exactly one of --clients N or --ids a,b,c")
+    if clients is not None:
+        names = [str(i) for i in range(clients)]
+    else:
+        assert ids is not None
+        names = [s.strip() for s in ids.split(",")]
+    if not names or (clients is not None and clients < 1):
+        raise MqttflError("at least one client identity is needed")
+    for name in names:
+        check_id(name)
+        if name in (COORDINATOR, WATCH):
+            raise MqttflError(f"'{name}' is the {name} identity, not a client id")
+    if len(set(names)) != len(names):
+        raise MqttflError("client ids must be unique")
+    return names
+
+
+def acl_text(clients: list[str], run_id: str | None) -> str:
+    """Mosquitto ACL: the coordinator owns the run, each client only its own topics."""
+    base = f"mqttfl/{check_id(run_id, 'run id') if run_id else '+'}"
+    lines = [
+        "# Written by `mqttfl broker init`. Anonymous clients get nothing (allow_anonymous false).",
+        f"user {COORDINATOR}",
+        f"topic readwrite {base}/#",
+        "topic read $SYS/#",
+        "",
+        f"user {WATCH}",
+        f"topic read {base}/#",
+        "",
+    ]
+    for client in clients:
+        lines += [
+            f"user {client}",
+            f"topic readwrite {base}/status/{client}",
+            f"topic write {base}/round/+/ack/{client}",
+            f"topic write {base}/round/+/up/{client}",
+            f"topic write {base}/round/+/metrics/{client}",
+            f"topic read {base}/state",
+            f"topic read {base}/round/+/start",
+            f"topic read {base}/round/+/down/{BROADCAST}",
+            f"topic read {base}/round/+/down/{client}",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def conf_text(
+    out: Path, *, port: int, bind: str, tls: bool, max_packet_bytes: int, user: str | None
+) -> str:
+    lines = [
+        "# Written by `mqttfl broker init`; start with: mosquitto -c "
+        + str(out / "mosquitto.conf"),
+        "per_listener_settings false",
+        "allow_anonymous false",
+        f"password_file {out / 'passwd'}",
+        f"acl_file {out / 'acl'}",
+        "# A larger publish disconnects its sender (uploads are far smaller; see mqttfl's",
+        "# federation.max_upload_bytes, which the coordinator enforces per upload).",
+        f"max_packet_size {max_packet_bytes}",
+        "max_queued_messages 100000",
+        "max_queued_bytes 0",
+        "max_inflight_messages 100",
+        "queue_qos0_messages true",
+        "persistence true",
+        f"persistence_location {out / 'data'}/",
+        "autosave_interval 30",
+        "set_tcp_nodelay true",
+        "sys_interval 1",
+        f"log_dest file {out / 'mosquitto.log'}",
+        "log_type error",
+        "log_type warning",
+        "log_type notice",
+        "connection_messages true",
+    ]
+    if user:  # mosquitto started as root drops to this user; it must be able to read the files
+        lines.append(f"user {user}")
+    lines += ["", f"listener {port} {bind}"]
+    if tls:
+        tls_dir = out / "tls"
+        lines += [
+            f"cafile {tls_dir / 'ca.crt'}",
+            f"certfile {tls_dir / 'server.crt'}",
+            f"keyfile {tls_dir / 'server.key'}",
+            "tls_version tlsv1.2",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name) or next(
+        (p for p in (f"/usr/bin/{name}", f"/usr/sbin/{name}") if Path(p).exists()), None
+    )
+    if found is None:
+        raise BrokerError(f"{name} is not installed (apt-get install mosquitto openssl)")
+    return found
+
+
+def _run(cmd: list[str], *, cwd: Path) -> None:
+    result = subprocess.run(
+        cmd,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=TOOL_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
+    if result.returncode != 0:
+        raise BrokerError(
+            f"{Path(cmd[0]).name} failed ({result.returncode}): {result.stderr.strip()[-500:]}"
+        )
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(path, 0o600)
+
+
+def write_password_file(path: Path, passwords: dict[str, str]) -> None:
+    """Hash all identities in one mosquitto_passwd call (-U rewrites a plain file in place)."""
+    for user, password in passwords.items():
+        if ":" in user or "\n" in password:
+            raise MqttflError(f"identity {user!r} cannot go into a password file")
+    _write_private(path, "".join(f"{user}:{password}\n" for user, password in passwords.items()))
+    try:
+        _run([_tool("mosquitto_passwd"), "-U", str(path)], cwd=path.parent)
+    except BaseException:
+        path.unlink(missing_ok=True)  # never leave the plain text behind
+        raise
+
+
+def make_tls(tls_dir: Path, hostnames: list[str]) -> None:
+    """A local CA and a broker certificate for ``hostnames`` (IPs go in as IP SANs)."""
+    openssl = _tool("openssl")
+    tls_dir.mkdir(parents=True, exist_ok=True)
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            *curve,
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "825",
+            "-subj",
+            "/CN=mqttfl local CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+        cwd=tls_dir,
+    )
+    _run(
+        [
+            openssl,
+            "req",
+            *curve,
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            f"/CN={hostnames[0]}",
+        ],
+        cwd=tls_dir,
+    )
+    sans = ",".join(f"IP:{h}" if _is_ip(h) else f"DNS:{h}" for h in hostnames)
+    (tls_dir / "server.ext").write_text(
+        f"subjectAltName={sans}\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n"
+    )
+    _run(
+        [
+            openssl,
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "825",
+            "-extfile",
+            "server.ext",
+        ],
+        cwd=tls_dir,
+    )
+    for name in ("ca.key", "server.key"):
+        os.chmod(tls_dir / name, 0o600)
+    for name in ("server.csr", "server.ext", "ca.srl"):
+        (tls_dir / name).unlink(missing_ok=True)
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def init_broker(
+    out: Path,
+    clients: list[str],
+    *,
+    run_id: str | None = None,
+    port: int | None = None,
+    bind: str = "127.0.0.1",
+    tls: bool = False,
+    hostnames: list[str] | None = None,
+    max_packet_bytes: int = DEFAULT_MAX_PACKET,
+    force: bool = False,
+    bridges: dict[str, list[str]] | None = None,
+    edge: EdgeBridge | None = None,
+) -> BrokerSetup:
+    """Write a locked-down broker. ``bridges`` (central side): a bridge identity and ACL
+    per site; ``edge``: this broker is that site's edge, bridged to the central one."""
+    if port is not None and not 1 <= port <= 65535:
+        raise MqttflError(f"--port {port} is not a port number in 1-65535")
+    if port is None:
+        port = 8883 if tls else 1883
+    if max_packet_bytes < 1024:
+        raise MqttflError("--max-packet-bytes must be at least 1024")
+    out = out.resolve()
+    if (out / "passwd").exists() and not force:
+        raise MqttflError(
+            f"{out} already holds a broker setup; pass --force to replace its credentials"
+        )
+    make_dir(out, what="--out")
+    (out / "data").mkdir(exist_ok=True)
+    bridges = bridges or {}
+    for site, members in bridges.items():
+        if not set(members) <= set(clients):
+            raise MqttflError(
+                f"--bridge {site}: ids {sorted(set(members) - set(clients))} are not clients"
+            )
+    passwords = {
+        COORDINATOR: secrets.token_urlsafe(24),
+        WATCH: secrets.token_urlsafe(24),
+        **{c: secrets.token_urlsafe(24) for c in clients},
+        **{bridge_identity(site): secrets.token_urlsafe(24) for site in bridges},
+    }
+    write_password_file(out / "passwd", passwords)
+    if tls:
+        make_tls(out / "tls", hostnames or ["localhost", "127.0.0.1"])
+    acl = acl_text(clients, run_id)
+    for site, members in bridges.items():
+        acl += "\n" + "\n".join(bridge_acl(site, members, run_id))
+    _write_private(out / "acl", acl)
+    # mosquitto started as root switches to the user 'mosquitto' before it reads the
+    # password file and ACL; run it as the owner of these private files instead.
+    user = getpass.getuser() if os.geteuid() == 0 else None
+    conf = conf_text(
+        out, port=port, bind=bind, tls=tls, max_packet_bytes=max_packet_bytes, user=user
+    )
+    if edge is not None:  # the bridge's password is in it: private
+        _write_private(
+            out / "mosquitto.conf", conf + "\n".join(bridge_conf(edge, clients, run_id)) + "\n"
+        )
+    else:
+        (out / "mosquitto.conf").write_text(conf)
+    ca = out / "tls" / "ca.crt"
+    for identity, password in passwords.items():
+        lines = [f"MQTTFL_BROKER__USERNAME={identity}", f"MQTTFL_BROKER__PASSWORD={password}"]
+        if tls:
+            lines.append(f"MQTTFL_BROKER__TLS_CA={ca}")
+        _write_private(out / "credentials" / f"{identity}.env", "\n".join(lines) + "\n")
+    return BrokerSetup(out, port, tls, passwords)
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    pairs = (
+        line.split("=", 1)
+        for line in path.read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    )
+    return {key.strip(): value.strip() for key, value in pairs}

@@ -1,0 +1,463 @@
+"""Typed control messages: status, round start, run status, acknowledgement, metrics, downlink.
+
+Every message from the broker is hostile until it has been through one of the ``read_*``
+functions here. Each builds a frozen dataclass that validates itself in
+``__post_init__``, so a value that crossed the wire is checked once, at decode, and is
+trusted after. Every failure is a :class:`~mqttfl.errors.WireError` with a reason code;
+nothing else escapes (a test fuzzes that).
+
+Time never travels as a wall-clock instant: a round start carries ``timeout_s``, the
+seconds left when it was sent, so a device whose clock is minutes off (no RTC, no NTP)
+computes the same deadline from its own monotonic clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from mqttfl.errors import WireError
+from mqttfl.wire.codec import Message, decode, encode
+from mqttfl.wire.ids import BROADCAST, check_id
+from mqttfl.wire.schemas import ClientInfo
+from mqttfl.wire.topics import MAX_ROUND
+
+COORDINATOR = "coordinator"
+CONTROL_LIMIT = 1_000_000  # control messages are small; anything bigger is hostile
+MAX_SAMPLE_DIMS, MAX_SAMPLE_SIDE = 4, 65_536  # bounds of an announced sample shape
+MAX_CLIENTS = 100_000  # ids in one selection
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_PARAMS = 64  # round parameters and extra metrics: small maps of named numbers
+MAX_KEY_CHARS = 64
+MAX_REASON_CHARS = 200
+# Downlinks: every array value of every method stays far inside this (weights and
+# prototypes are O(1-10)); a larger one is forged or diverged, and never reaches a model.
+DOWNLINK_VALUE_BOUND = 1e6
+MAX_DOWNLINK_DEPTH = 3
+RunPhase = Literal["waiting", "open", "closed", "finished"]
+_PHASES = ("waiting", "open", "closed", "finished")
+
+Number = int | float | bool
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _finite_number(
+    name: str, value: Any, *, low: float = -math.inf, high: float = math.inf
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise WireError("type", f"'{name}' must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise WireError("non_finite", f"'{name}' is NaN or Inf")
+    if not low <= value <= high:
+        raise WireError("range", f"'{name}'={value!r} outside [{low}, {high}]")
+
+
+def _round_number(value: Any, *, low: int = 0) -> int:
+    if not _is_int(value) or not low <= value <= MAX_ROUND:
+        raise WireError("round", f"round must be an integer in [{low}, {MAX_ROUND}], got {value!r}")
+    return int(value)
+
+
+def _client_ids(name: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or len(value) > MAX_CLIENTS:
+        raise WireError("type", f"'{name}' must be a list of at most {MAX_CLIENTS} client ids")
+    for item in value:
+        if not isinstance(item, str):
+            raise WireError("type", f"'{name}' holds a {type(item).__name__}, not a client id")
+        check_id(item)
+    if len(set(value)) != len(value):
+        raise WireError("range", f"'{name}' repeats a client id")
+    return tuple(value)
+
+
+def _named_numbers(name: str, value: Any, *, bound: float = math.inf) -> dict[str, Number]:
+    """A small map of short names to finite numbers (round parameters, extra metrics)."""
+    if not isinstance(value, Mapping) or len(value) > MAX_PARAMS:
+        raise WireError("type", f"'{name}' must be a map of at most {MAX_PARAMS} entries")
+    for key, item in value.items():
+        if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
+            raise WireError("type", f"'{name}' has a key that is not a short string")
+        if not isinstance(item, bool):
+            _finite_number(f"{name}.{key}", item, low=-bound, high=bound)
+    return dict(value)
+
+
+def _text(name: str, value: Any, limit: int = MAX_REASON_CHARS) -> str:
+    if not isinstance(value, str) or len(value) > limit:
+        raise WireError("type", f"'{name}' must be a string of at most {limit} characters")
+    return value
+
+
+def _body_keys(
+    body: Mapping[str, Any], required: set[str], optional: frozenset[str] = frozenset()
+) -> None:
+    missing = sorted(required - body.keys())
+    if missing:
+        raise WireError("missing_field", f"control message lacks {missing}")
+    unknown = sorted(str(k) for k in body.keys() - required - optional)
+    if unknown:
+        raise WireError("unknown_field", f"control message has unknown fields {unknown}")
+
+
+def read_envelope(
+    raw: bytes,
+    kind: str,
+    run_id: str,
+    *,
+    sender: str | None,
+    round: int | None,
+    max_bytes: int | None = CONTROL_LIMIT,
+) -> Message:
+    """Decode (bounded), then check type, run, sender and round against the topic."""
+    message = decode(raw, max_bytes=max_bytes)
+    if message.type != kind:
+        raise WireError("type", f"expected a {kind} message, got {message.type!r}")
+    if message.run != run_id:
+        raise WireError("run", f"message for run {message.run[:80]!r}, not {run_id!r}")
+    if sender is not None and message.sender != sender:
+        raise WireError("sender", f"{kind} from {message.sender[:80]!r} on {sender!r}'s topic")
+    if round is not None and message.round != round:
+        raise WireError("round_mismatch", f"message says round {message.round}, topic says {round}")
+    return message
+
+
+# --- status ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Online:
+    """A client's retained announcement: its model, classes, sample count and shape."""
+
+    info: ClientInfo
+
+    def __post_init__(self) -> None:
+        info = self.info
+        check_id(info.client_id)
+        _text("arch", info.arch, MAX_KEY_CHARS)
+        # The coordinator builds the announced model to size its uploads: a sample shape
+        # of 10^9 features would make that a memory bomb.
+        shape = info.sample_shape
+        if not 1 <= len(shape) <= MAX_SAMPLE_DIMS or not all(
+            _is_int(n) and 1 <= n <= MAX_SAMPLE_SIDE for n in shape
+        ):
+            raise WireError(
+                "range", f"sample_shape needs 1-{MAX_SAMPLE_DIMS} sides of 1-{MAX_SAMPLE_SIDE}"
+            )
+        if not _is_int(info.num_samples) or not 0 <= info.num_samples <= 2**40:
+            raise WireError("range", "num_samples out of range")
+        if len(info.classes) > 2**16 or not all(
+            _is_int(c) and 0 <= c < 2**16 for c in info.classes
+        ):
+            raise WireError("range", "classes must be at most 65536 integers in [0, 65536)")
+        if info.site:
+            check_id(info.site, "site")
+
+    def encode(self, run: str) -> bytes:
+        body = {
+            "state": "online",
+            "arch": self.info.arch,
+            "classes": list(self.info.classes),
+            "num_samples": self.info.num_samples,
+            "sample_shape": list(self.info.sample_shape),
+        }
+        if self.info.site:
+            body["site"] = self.info.site
+        return encode(Message("status", run, 0, self.info.client_id, body))
+
+
+@dataclass(frozen=True)
+class Offline:
+    client_id: str
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        check_id(self.client_id)
+        _text("reason", self.reason)
+
+    def encode(self, run: str) -> bytes:
+        body = {"state": "offline", "reason": self.reason}
+        return encode(Message("status", run, 0, self.client_id, body))
+
+
+Status = Online | Offline
+
+
+def read_status(raw: bytes, *, run_id: str, client: str) -> Status:
+    message = read_envelope(raw, "status", run_id, sender=client, round=None)
+    body = message.body
+    state = body.get("state")
+    if state == "offline":
+        _body_keys(body, {"state"}, frozenset({"reason"}))
+        return Offline(client, _text("reason", body.get("reason", "")))
+    if state != "online":
+        raise WireError("range", f"unknown status {str(state)[:20]!r}")
+    _body_keys(
+        body, {"state", "arch", "classes", "num_samples", "sample_shape"}, frozenset({"site"})
+    )
+    for key in ("classes", "sample_shape"):
+        if not isinstance(body[key], list):
+            raise WireError("type", f"'{key}' must be a list")
+    info = ClientInfo(
+        client_id=client,
+        arch=_text("arch", body["arch"], MAX_KEY_CHARS),
+        classes=tuple(body["classes"]),
+        num_samples=body["num_samples"],
+        sample_shape=tuple(body["sample_shape"]),
+        site=_text("site", body.get("site", ""), MAX_KEY_CHARS),
+    )
+    return Online(info)
+
+
+# --- sites -----------------------------------------------------------------------------
+SITE_UP, SITE_DOWN = b"1", b"0"  # what Mosquitto's bridge publishes on its notification topic
+
+
+def read_site_notice(raw: bytes) -> bool:
+    """A bridge's connection notice (its last will says ``0``): True when the site is up."""
+    if raw not in (SITE_UP, SITE_DOWN):
+        raise WireError("malformed", "a site notice is b'1' or b'0'")
+    return raw == SITE_UP
+
+
+# --- round start and run status ---------------------------------------------------------
+@dataclass(frozen=True)
+class RoundStart:
+    """Round ``round`` is open for ``selected`` for ``timeout_s`` more seconds.
+
+    ``uploaded`` lists the clients whose upload the coordinator already holds (a selected
+    client that trained the round but is not listed sends its upload again: its first
+    copy went to a coordinator that crashed, or was lost while the broker restarted).
+    ``announcement`` tells two announcements of one round apart.
+    """
+
+    round: int
+    selected: tuple[str, ...]
+    timeout_s: float
+    params: Mapping[str, Number]
+    attempt: int = 1
+    uploaded: tuple[str, ...] = ()
+    announcement: int = 0
+
+    def __post_init__(self) -> None:
+        _round_number(self.round, low=1)
+        _client_ids("selected", self.selected)
+        _client_ids("uploaded", self.uploaded)
+        _finite_number("timeout_s", self.timeout_s, low=0.0, high=MAX_TIMEOUT_S)
+        _named_numbers("params", self.params)
+        if not _is_int(self.attempt) or not 1 <= self.attempt <= 10_000:
+            raise WireError(
+                "range", f"attempt must be an integer in [1, 10000], got {self.attempt!r}"
+            )
+        if not _is_int(self.announcement) or not 0 <= self.announcement < 2**63:
+            raise WireError("range", "announcement must be a non-negative 63-bit integer")
+
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "selected": list(self.selected),
+            "timeout_s": float(self.timeout_s),
+            "params": dict(self.params),
+            "attempt": self.attempt,
+            "uploaded": list(self.uploaded),
+            "announcement": self.announcement,
+        }
+
+    @classmethod
+    def from_body(cls, t: int, body: Any) -> RoundStart:
+        if not isinstance(body, Mapping):
+            raise WireError("type", "a round start must be a map")
+        _body_keys(body, {"selected", "timeout_s", "params", "attempt", "uploaded", "announcement"})
+        return cls(
+            round=_round_number(t, low=1),
+            selected=_client_ids("selected", body["selected"]),
+            timeout_s=body["timeout_s"],
+            params=_named_numbers("params", body["params"]),
+            attempt=body["attempt"],
+            uploaded=_client_ids("uploaded", body["uploaded"]),
+            announcement=body["announcement"],
+        )
+
+    def encode(self, run: str) -> bytes:
+        return encode(Message("start", run, self.round, COORDINATOR, self.to_body()))
+
+
+def read_start(raw: bytes, *, run_id: str, round: int) -> RoundStart:
+    message = read_envelope(raw, "start", run_id, sender=COORDINATOR, round=round)
+    return RoundStart.from_body(message.round, message.body)
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """The retained state of the run, for late joiners; while a round is open it carries
+    that round's start."""
+
+    phase: RunPhase
+    round: int
+    start: RoundStart | None = None
+
+    def __post_init__(self) -> None:
+        if self.phase not in _PHASES:
+            raise WireError("range", f"unknown run phase {str(self.phase)[:20]!r}")
+        _round_number(self.round)
+        if (self.phase == "open") != (self.start is not None):
+            raise WireError("range", "a run status carries a start exactly when a round is open")
+        if self.start is not None and self.start.round != self.round:
+            raise WireError("round_mismatch", "the open round's start is for another round")
+
+    def encode(self, run: str) -> bytes:
+        body: dict[str, Any] = {"phase": self.phase}
+        if self.start is not None:
+            body["start"] = self.start.to_body()
+        return encode(Message("state", run, self.round, COORDINATOR, body))
+
+
+def read_run_status(raw: bytes, *, run_id: str) -> RunStatus:
+    message = read_envelope(raw, "state", run_id, sender=COORDINATOR, round=None)
+    body = message.body
+    _body_keys(body, {"phase"}, frozenset({"start"}))
+    start = RoundStart.from_body(message.round, body["start"]) if "start" in body else None
+    return RunStatus(body["phase"], _round_number(message.round), start)
+
+
+# --- acknowledgement ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ack:
+    """A selected client saw round ``round``'s start: it is alive and will train."""
+
+    round: int
+    client_id: str
+    announcement: int = 0
+
+    def __post_init__(self) -> None:
+        _round_number(self.round, low=1)
+        check_id(self.client_id)
+        if not _is_int(self.announcement) or not 0 <= self.announcement < 2**63:
+            raise WireError("range", "announcement must be a non-negative 63-bit integer")
+
+    def encode(self, run: str) -> bytes:
+        body = {"announcement": self.announcement}
+        return encode(Message("ack", run, self.round, self.client_id, body))
+
+
+def read_ack(raw: bytes, *, run_id: str, round: int, client: str) -> Ack:
+    message = read_envelope(raw, "ack", run_id, sender=client, round=round)
+    _body_keys(message.body, {"announcement"})
+    return Ack(message.round, client, message.body["announcement"])
+
+
+# --- metrics -----------------------------------------------------------------------------
+METRIC_BOUNDS = {"accuracy": (0.0, 1.0), "f1": (0.0, 1.0), "mae": (0.0, 1e6)}
+EXTRA_METRIC_BOUND = 1e12
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """One client's evaluation after applying round ``round``'s downlinks."""
+
+    round: int
+    client_id: str
+    values: Mapping[str, Number]
+
+    def __post_init__(self) -> None:
+        _round_number(self.round, low=1)
+        check_id(self.client_id)
+        _named_numbers("metrics", self.values, bound=EXTRA_METRIC_BOUND)
+        for key, (low, high) in METRIC_BOUNDS.items():
+            if key not in self.values:
+                raise WireError("missing_field", f"metrics lack '{key}'")
+            _finite_number(key, self.values[key], low=low, high=high)
+
+    def encode(self, run: str) -> bytes:
+        return encode(Message("metrics", run, self.round, self.client_id, dict(self.values)))
+
+
+def read_metrics(raw: bytes, *, run_id: str, round: int, client: str) -> Metrics:
+    message = read_envelope(raw, "metrics", run_id, sender=client, round=round)
+    return Metrics(message.round, client, _named_numbers("metrics", message.body))
+
+
+# --- downlinks ---------------------------------------------------------------------------
+PERSONAL_LIST = "_personal"  # in the broadcast: who also gets a personalized downlink
+
+
+def check_tree(name: str, value: Any, depth: int = 0) -> None:
+    """A downlink body: maps of short names down to finite, bounded numeric arrays or
+    numbers. What each method needs of it (shapes) is checked by the method's client."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "fiub":
+            raise WireError("dtype", f"'{name}' has dtype {value.dtype}")
+        if value.dtype.kind == "f" and value.size:
+            if not np.isfinite(value).all():
+                raise WireError("non_finite", f"'{name}' holds NaN or Inf")
+            if float(np.abs(value).max()) > DOWNLINK_VALUE_BOUND:
+                raise WireError("range", f"'{name}' has values beyond ±{DOWNLINK_VALUE_BOUND:g}")
+        return
+    if isinstance(value, Mapping):
+        if depth >= MAX_DOWNLINK_DEPTH:
+            raise WireError("malformed", f"'{name}' nests deeper than {MAX_DOWNLINK_DEPTH}")
+        for key, item in value.items():
+            if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
+                raise WireError("type", f"'{name}' has a key that is not a short string")
+            check_tree(f"{name}.{key}", item, depth + 1)
+        return
+    if isinstance(value, bool):
+        return
+    _finite_number(name, value, low=-DOWNLINK_VALUE_BOUND, high=DOWNLINK_VALUE_BOUND)
+
+
+@dataclass(frozen=True)
+class Downlink:
+    """Round ``round``'s broadcast (``personal_for`` set) or one client's personal body."""
+
+    round: int
+    body: Mapping[str, Any]
+    personal_for: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _round_number(self.round, low=1)
+        if not isinstance(self.body, Mapping):
+            raise WireError("type", "a downlink body must be a map")
+        check_tree("downlink", self.body)
+        if self.personal_for is not None:
+            _client_ids(PERSONAL_LIST, self.personal_for)
+
+    def encode(self, run: str) -> bytes:
+        body = dict(self.body)
+        if self.personal_for is not None:
+            body[PERSONAL_LIST] = list(self.personal_for)
+        return encode(Message("downlink", run, self.round, COORDINATOR, body))
+
+
+def read_downlink(raw: bytes, *, run_id: str, round: int, client: str) -> Downlink:
+    """``client`` is the topic's last level: a client id, or ``all`` for the broadcast."""
+    message = read_envelope(
+        raw, "downlink", run_id, sender=COORDINATOR, round=round, max_bytes=None
+    )
+    body = dict(message.body)
+    if client != BROADCAST:
+        return Downlink(message.round, body)
+    if PERSONAL_LIST not in body:
+        raise WireError("missing_field", f"a broadcast downlink lacks '{PERSONAL_LIST}'")
+    personal_for = _client_ids(PERSONAL_LIST, body.pop(PERSONAL_LIST))
+    return Downlink(message.round, body, personal_for)
+
+
+@dataclass
+class DownlinkPayloads:
+    """One round's downlinks, encoded once: published, checkpointed and re-published as is."""
+
+    broadcast: bytes
+    personal: dict[str, bytes] = field(default_factory=dict)
+
+
+def encode_downlinks(
+    run: str, t: int, broadcast: Mapping[str, Any], personal: Mapping[str, Mapping[str, Any]]
+) -> DownlinkPayloads:
+    return DownlinkPayloads(
+        Downlink(t, broadcast, tuple(sorted(personal))).encode(run),
+        {client: Downlink(t, body).encode(run) for client, body in personal.items()},
+    )

@@ -1,0 +1,105 @@
+"""``mqttfl sense``: an exported model counting from CSI, publishing to MQTT (no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from mqttfl.commands.common import broker_url
+from mqttfl.errors import MqttflError
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive rate in packets/s")
+    return value
+
+
+def add_sense_command(subparsers: Any) -> None:
+    sense = subparsers.add_parser(
+        "sense",
+        help="run an exported model on CSI and publish each reading (Home Assistant discovery)",
+    )
+    sense.add_argument("directory", type=Path, help="what `mqttfl export` wrote")
+    sense.add_argument(
+        "--input",
+        required=True,
+        metavar="SOURCE",
+        help="a capture file (any `data prepare` format), mqtt:TOPIC (a gateway's frames: "
+        "one ESP32 CSI_DATA line or one msgpack {csi, t} map per message) or shard:PATH "
+        "(a shard's test split)",
+    )
+    sense.add_argument("--broker", help="broker URL, e.g. mqtt://127.0.0.1:1883")
+    sense.add_argument("--name", help="sensor name in topics (default <run_id>-client-<id>)")
+    sense.add_argument("--once", action="store_true", help="print one reading and exit")
+    sense.add_argument("--fast", action="store_true", help="replay a capture as fast as it goes")
+    sense.add_argument(
+        "--eval", action="store_true", help="score a shard's test split (accuracy, F1, MAE)"
+    )
+    sense.add_argument("--json", action="store_true", help="JSON output (one object per line)")
+    sense.add_argument("--rate", type=_rate, help="replay rate in packets/s (default: recorded)")
+    sense.add_argument("--format", dest="capture_format", help="the capture file's format")
+    sense.add_argument("--nexmon-chip", help="nexmon captures: the chip")
+    sense.add_argument("--nexmon-bw", type=int, help="nexmon captures: bandwidth in MHz")
+    sense.add_argument(
+        "--readings", type=int, metavar="N", help="stop after N readings (default: run on)"
+    )
+    sense.add_argument(
+        "--discovery-prefix", default="homeassistant", help="Home Assistant's discovery prefix"
+    )
+    sense.add_argument("--username", help="broker user name")
+    sense.add_argument(
+        "--password-file",
+        type=Path,
+        help="file holding the broker password (or $MQTTFL_SENSE_PASSWORD)",
+    )
+    sense.add_argument("--tls-ca", help="CA certificate for mqtts://")
+    sense.set_defaults(func=cmd_sense)
+
+
+def cmd_sense(args: argparse.Namespace) -> int:
+    from mqttfl.bus.transport import BrokerAddress, Credentials
+    from mqttfl.logs import configure_logging
+    from mqttfl.sensing.publish import check_name
+    from mqttfl.sensing.runner import SenseOptions, Sensor, Source
+
+    configure_logging(None, level="error")  # the sensor writes its own lines (dropped frames)
+    if args.name is not None:
+        try:
+            check_name(args.name)
+        except ValueError as exc:
+            raise MqttflError(str(exc)) from None
+    if args.readings is not None and args.readings < 1:
+        raise MqttflError("--readings must be a positive whole number")
+    password = os.environ.get("MQTTFL_SENSE_PASSWORD")
+    if args.password_file is not None:
+        try:
+            password = args.password_file.read_text().strip()
+        except OSError as exc:
+            raise MqttflError(f"--password-file {args.password_file}: {exc.strerror}") from None
+    broker = BrokerAddress.parse(broker_url(args.broker)) if args.broker else None
+    options = SenseOptions(
+        directory=args.directory,
+        source=Source.parse(args.input),
+        broker=broker,
+        credentials=Credentials(args.username, password, args.tls_ca),
+        name=args.name,
+        discovery_prefix=args.discovery_prefix,
+        once=args.once,
+        fast=args.fast,
+        evaluate=args.eval,
+        json_lines=args.json,
+        rate=args.rate,
+        capture_format=args.capture_format,
+        nexmon_chip=args.nexmon_chip,
+        nexmon_bw=args.nexmon_bw,
+        max_readings=args.readings,
+    )
+    return asyncio.run(Sensor(options).run())

@@ -1,0 +1,101 @@
+"""The exported model under onnxruntime, checked against ``sensor.json`` when loaded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mqttfl.errors import DataError
+from mqttfl.sensing.spec import SPEC_FILE, SensorSpec
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One window's answer."""
+
+    klass: int
+    label: str
+    count: float  # the class's number (people), or its index where classes are names
+    confidence: float  # softmax of the scores at the chosen class
+    end_time: float
+
+
+def softmax(scores: np.ndarray) -> np.ndarray:
+    shifted = scores - scores.max(axis=-1, keepdims=True)
+    e: np.ndarray = np.exp(shifted.astype(np.float64))
+    out: np.ndarray = e / e.sum(axis=-1, keepdims=True)
+    return out
+
+
+class SensorModel:
+    def __init__(self, directory: Path, spec: SensorSpec, *, threads: int = 1) -> None:
+        import onnxruntime as ort
+
+        self.spec = spec
+        path = Path(directory) / spec.model_file
+        if not path.is_file():
+            raise DataError(path, "model file not found (sensor.json model_file)")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(
+                str(path), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:
+            raise DataError(path, f"not a loadable ONNX model: {str(exc)[:200]}") from None
+        self._check(Path(directory) / SPEC_FILE)
+
+    def _check(self, spec_path: Path) -> None:
+        """DataError naming sensor.json's field that does not match the ONNX graph."""
+        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        if len(inputs) != 1 or inputs[0].name != self.spec.input_name:
+            names = [i.name for i in inputs]
+            raise DataError(
+                spec_path, f"input.name is {self.spec.input_name!r}, the model's inputs are {names}"
+            )
+        sample = tuple(inputs[0].shape[1:])
+        if sample != self.spec.input_shape:
+            raise DataError(
+                spec_path,
+                f"input.shape is {list(self.spec.input_shape)}, the model takes samples of "
+                f"{list(sample)}",
+            )
+        by_name = {o.name: o for o in outputs}
+        if self.spec.output_name not in by_name:
+            raise DataError(
+                spec_path,
+                f"output.name is {self.spec.output_name!r}, the model's outputs are {list(by_name)}",
+            )
+        width = by_name[self.spec.output_name].shape[-1]
+        if isinstance(width, int) and width != self.spec.num_classes:
+            raise DataError(
+                spec_path,
+                f"classes lists {self.spec.num_classes} classes, the model scores {width}",
+            )
+
+    def scores(self, x: np.ndarray) -> np.ndarray:
+        """Class scores of a batch of samples (n, *input.shape)."""
+        feed = {self.spec.input_name: np.ascontiguousarray(x, dtype=np.float32)}
+        return np.asarray(self.session.run([self.spec.output_name], feed)[0])
+
+    def readings(self, x: np.ndarray, end_times: list[float]) -> list[Reading]:
+        scores = self.scores(x)
+        probabilities = softmax(scores)
+        out = []
+        for row, end in zip(range(len(scores)), end_times, strict=True):
+            k = int(scores[row].argmax())
+            count = self.spec.counts[k]
+            out.append(
+                Reading(
+                    klass=k,
+                    label=self.spec.classes[k],
+                    count=float(k if count is None else count),
+                    confidence=float(probabilities[row, k]),
+                    end_time=end,
+                )
+            )
+        return out

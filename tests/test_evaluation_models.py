@@ -1,0 +1,79 @@
+"""Each method's evaluation model (what `mqttfl export` writes) predicts what its client's
+``predict`` does, and every shipped architecture traces to ONNX within 1e-4 of torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from mqttfl.algorithms import algorithm_names
+from mqttfl.export.client import export_onnx, onnx_scores
+from mqttfl.models import build_model
+from mqttfl.models.names import MODEL_NAMES
+from mqttfl.models.scoring import Logits
+from tests.inprocess import Federation
+
+CASES: list[tuple[str, str, dict[str, Any]]] = [
+    (name, "transformer" if name == "fedali" else "middle", {}) for name in algorithm_names()
+] + [
+    ("fedproto", "middle", {"inference": "prototype"}),
+    ("fedsap", "tiny", {"inference": "prototype"}),
+]
+
+
+@pytest.mark.parametrize(("name", "arch", "params"), CASES, ids=lambda v: str(v or ""))
+def test_the_evaluation_model_argmax_is_the_clients_prediction(
+    name: str, arch: str, params: dict[str, Any]
+) -> None:
+    fed = Federation(name, arch=arch, **params).run()
+    for client in fed.clients:
+        x = client.shard.x_test
+        predicted = client.predict(x)
+        module = client.evaluation_model(fed.ctx.rounds).eval()
+        with torch.no_grad():
+            scores = module(torch.from_numpy(x)).numpy()
+        assert scores.shape == (len(x), fed.ctx.num_classes)
+        np.testing.assert_array_equal(scores.argmax(axis=1), predicted)
+
+
+def test_prototype_inference_scores_are_negative_distances_to_the_bank() -> None:
+    fed = Federation("fedproto", inference="prototype").run()
+    client = fed.clients[0]
+    module = client.evaluation_model(2).eval()
+    assert type(module).__name__ == "NearestPrototype"
+    x = torch.from_numpy(client.shard.x_test)
+    with torch.no_grad():
+        z = client.model.embed(x)
+        scores = module(x)
+    bank, available = client.bank, client.available  # type: ignore[attr-defined]
+    expected = -torch.cdist(z, bank)
+    np.testing.assert_allclose(
+        scores[:, available].numpy(), expected[:, available].numpy(), atol=1e-5
+    )
+    assert (scores[:, ~available] <= -1e8).all()
+
+
+@pytest.mark.parametrize("arch", MODEL_NAMES)
+def test_every_architecture_exports_to_onnx_within_1e_4_of_torch(arch: str, tmp_path: Path) -> None:
+    window, subcarriers = 24, 30
+    torch.manual_seed(0)
+    model = build_model(
+        arch, num_classes=6, embed_dim=32, input_dim=window * subcarriers if arch == "mlp" else None
+    )
+    if arch == "transformer":  # FedAli's ALP layers, as a FedAli client attaches them
+        for layer in model.alp_layers():  # type: ignore[operator]
+            start = torch.randn(4, layer.dim)
+            layer.attach(start, start, beta=0.2, gamma=0.999, epsilon=0.05, iterations=3)
+    module = Logits(model).eval()
+    x = np.random.default_rng(0).normal(size=(300, window, subcarriers)).astype(np.float32)
+    path = tmp_path / "model.onnx"
+    export_onnx(module, x[:4], path)
+    with torch.no_grad():
+        expected = torch.cat([module(torch.from_numpy(x[i : i + 256])) for i in (0, 256)]).numpy()
+    got = onnx_scores(path, x, 256)  # a batch of 256, then one of 44: the batch axis is free
+    assert got.shape == expected.shape
+    assert float(np.max(np.abs(got - expected))) <= 1e-4
