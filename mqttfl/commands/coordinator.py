@@ -52,13 +52,15 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     broker = broker_address(args)
     make_dir(args.out, what="--out")
-    from mqttfl.nodes.coordinator import Coordinator  # torch: after the quick checks
     from mqttfl.nodes.run_lease import claim_run
 
     setup_logging(config, "coordinator", args.out)
     watch_parent()
     identity = credentials(config, "coordinator")
+    # Before torch is even imported: a second coordinator or a finished run id is told at once.
     asyncio.run(claim_run(config, broker, args.out, credentials=identity, clear=args.clear_run))
+    from mqttfl.nodes.coordinator import Coordinator
+
     coordinator = Coordinator(
         config, broker, args.out, credentials=identity, fresh_session=args.clear_run
     )

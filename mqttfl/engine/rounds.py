@@ -106,6 +106,9 @@ class Phase(Enum):
     DONE = "done"
 
 
+WAITING_FOR_CLIENTS = (Phase.JOINING, Phase.WAITING)  # client.online lines name who is missing
+
+
 def select_clients(
     live: list[str], *, fraction: float, min_clients: int, seed: int, t: int, attempt: int
 ) -> list[str]:
@@ -187,7 +190,7 @@ class RoundEngine:
                 client=status.info.client_id,
                 arch=status.info.arch,
                 samples=status.info.num_samples,
-                **({"waiting_for": self.missing()} if self.phase is Phase.JOINING else {}),
+                **({"waiting_for": self.missing()} if self.phase in WAITING_FOR_CLIENTS else {}),
             )
             return
         assert isinstance(status, Offline)
