@@ -38,6 +38,7 @@ async def read_retained(
         credentials=credentials,
         who=who,
         connect_timeout_s=timeout,
+        events="lookup",
     )
     found: dict[str, bytes] = {}
 
@@ -77,6 +78,7 @@ async def clear_retained(
         credentials=credentials,
         who=who,
         connect_timeout_s=timeout,
+        events="lookup",
     )
     async with asyncio.TaskGroup() as group:
         running = group.create_task(bus.run())

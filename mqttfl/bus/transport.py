@@ -151,10 +151,12 @@ class Bus:
         max_reassembled_bytes: int = 64 * 1024 * 1024,
         who: str | None = None,
         fresh_session: bool = False,
+        events: str = "broker",
     ) -> None:
         """``who`` names this process in the line a refusal prints (``client '3'``);
         ``fresh_session`` drops a persistent session the broker still holds for this
-        client id (queued messages of an earlier run) on the first connect."""
+        client id (queued messages of an earlier run) on the first connect; ``events``
+        prefixes the connection's log events (a short look is not the node's connection)."""
         self.address = address
         # A persistent session makes the broker keep our subscriptions and queue QoS 1
         # messages for us while we are disconnected (across broker restarts too, when
@@ -179,6 +181,7 @@ class Bus:
         self._lost = asyncio.Event()  # set when the current connection drops
         self._log = get_logger(component="bus", broker=str(address))
         self.who = who or identifier
+        self.events = events
         self.fresh_session = fresh_session
         self.protocol = aiomqtt.ProtocolVersion.V5
         self._acks: dict[int, asyncio.Future[Any]] = {}  # PUBACK reason codes by packet id
@@ -294,7 +297,9 @@ class Bus:
                     self._connected_at = time.monotonic()
                     self.connected.set()
                     self._log.info(
-                        "broker.connected", connections=self.connections, mqtt=self.protocol.name
+                        f"{self.events}.connected",
+                        connections=self.connections,
+                        mqtt=self.protocol.name,
                     )
                     if self.on_connection is not None:
                         self.on_connection(True)
@@ -315,7 +320,7 @@ class Bus:
                     continue  # MQTT 3.1.1 from now on: retry at once
                 if was_connected and self._taken_over(exc):
                     raise self._fail(taken_over(self.who, self.identifier)) from None
-                event = "broker.disconnected" if was_connected else "broker.unreachable"
+                event = f"{self.events}.{'disconnected' if was_connected else 'unreachable'}"
                 if was_connected and self.on_connection is not None:
                     self.on_connection(False)
                 self._log.warning(event, error=str(exc), retry_in_s=round(delay, 2))
