@@ -56,7 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         try:
             summary = add_local_reference(config, summary, out)
-        except Exception as exc:  # noqa: BLE001 - the federation's own result still stands
+        except Exception as exc:
             get_logger().warning("reference.failed", error=f"{type(exc).__name__}: {exc}")
     sys.stdout.write(format_table(summary) + f"\nrun directory: {out}\n")
     return 0

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -267,7 +267,5 @@ def _describe_exits(codes: dict[str, int | None]) -> str:
 
 
 def _signal_group(child: subprocess.Popen[bytes], sig: int) -> None:
-    try:
+    with suppress(ProcessLookupError):
         os.killpg(child.pid, sig)
-    except ProcessLookupError:
-        pass
