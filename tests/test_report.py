@@ -40,9 +40,22 @@ def test_report_renders_tables_and_plots_from_a_run(tiny_run: Path, tmp_path: Pa
     method_row = next(line for line in markdown.splitlines() if line.startswith("| fedapa | 1 |"))
     assert f"{summary['mean']['accuracy'] * 100:.2f} ± 0.00" in method_row
     assert f"{summary['comm']['up_bytes_per_client_round'] / 1000:.2f} ± 0.00" in method_row
+    # `mqttfl run` put the Local reference into summary.json: Local and gain stand beside
+    # each accuracy, and beside the run's mean.
+    reference = summary["local_reference"]
     for client in ("0", "1"):
         row = summary["clients"][client]
-        assert f"| {client} | {row['accuracy'] * 100:.2f} | {row['f1'] * 100:.2f} |" in markdown
+        local = reference["clients"][client]["accuracy"] * 100
+        gain = reference["gain"]["clients"][client] * 100
+        assert (
+            f"| {client} | {row['accuracy'] * 100:.2f} | {local:.2f} | {gain:+.2f} | "
+            f"{row['f1'] * 100:.2f} |" in markdown
+        )
+    run_row = next(line for line in markdown.splitlines() if line.startswith("| run | fedapa |"))
+    mean_local, mean_gain = reference["mean"]["accuracy"] * 100, reference["gain"]["mean"] * 100
+    assert f"| {summary['mean']['accuracy'] * 100:.2f} | {mean_local:.2f} | {mean_gain:+.2f} |" in (
+        run_row
+    )
     for name in ("accuracy.png", "bytes.png", "clients.png"):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC
         assert f"]({name})" in markdown

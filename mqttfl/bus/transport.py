@@ -3,6 +3,12 @@
 The round logic sees three things: :meth:`Bus.publish`, the :attr:`Bus.incoming` queue
 and the :attr:`Bus.connected` event. On every (re)connect the bus re-subscribes and
 republishes its birth messages (a client's retained ``online`` status).
+
+It speaks MQTT 5, so the broker can say what it refuses (:mod:`mqttfl.bus.refusal`): a
+refused login, publish or subscription ends :meth:`Bus.run` with one
+:class:`~mqttfl.bus.refusal.Refused` line instead of a retry loop. A broker that does
+not speak MQTT 5 (RabbitMQ before 3.13 closes the connection) gets MQTT 3.1.1, where
+refused publishes go unnoticed.
 """
 
 from __future__ import annotations
@@ -14,10 +20,26 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiomqtt
+import paho.mqtt.client as paho
+from aiomqtt.exceptions import MqttConnectError
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
+from mqttfl.bus.refusal import (
+    LOGIN_REFUSALS,
+    SESSION_TAKEN_OVER,
+    UNSUPPORTED_PROTOCOL,
+    Refused,
+    login_refused,
+    publish_refused,
+    reason_value,
+    taken_over,
+    user_text,
+)
 from mqttfl.errors import BrokerError, WireError
 from mqttfl.logs import get_logger
 from mqttfl.wire.chunks import Reassembler, is_chunk, message_id_of, payload_budget, split
@@ -77,6 +99,7 @@ class Credentials:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    origin: str = ""  # where they come from, for the line that says the broker refused them
 
 
 @dataclass
@@ -90,6 +113,7 @@ class Incoming:
     wire_bytes: int = -1  # what crossed the broker, chunk framing included
     error: WireError | None = None
     message_id: int | None = None  # of a chunked message (the one ``error`` is about)
+    retained: bool = False  # the broker's stored copy, sent on subscribing
 
     def __post_init__(self) -> None:
         if self.wire_bytes < 0:
@@ -97,6 +121,15 @@ class Incoming:
 
 
 MAX_BACKOFF_S = 5.0  # the longest wait between two reconnect attempts
+# A session taken over this soon after our first connect: we are the second process with
+# this client id (the first one reconnects and takes it back), so we stop.
+TAKEOVER_WINDOW_S = 10.0
+NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry: as MQTT 3.1.1's persistent session
+
+
+class ClosedBeforeConnack(aiomqtt.MqttError):
+    """The broker closed the connection without answering CONNECT (RabbitMQ < 3.13 does
+    this to MQTT 5)."""
 
 
 class Bus:
@@ -118,7 +151,14 @@ class Bus:
         max_message_bytes: int = 0,
         max_reassembled_bytes: int = 64 * 1024 * 1024,
         sender_of: Callable[[str], str] | None = None,
+        who: str | None = None,
+        fresh_session: bool = False,
+        events: str = "broker",
     ) -> None:
+        """``who`` names this process in the line a refusal prints (``client '3'``);
+        ``fresh_session`` drops a persistent session the broker still holds for this
+        client id (queued messages of an earlier run) on the first connect; ``events``
+        prefixes the connection's log events (a short look is not the node's connection)."""
         self.address = address
         # A persistent session makes the broker keep our subscriptions and queue QoS 1
         # messages for us while we are disconnected (across broker restarts too, when
@@ -146,6 +186,14 @@ class Bus:
         self._client: aiomqtt.Client | None = None
         self._lost = asyncio.Event()  # set when the current connection drops
         self._log = get_logger(component="bus", broker=str(address))
+        self.who = who or identifier
+        self.events = events
+        self.fresh_session = fresh_session
+        self.protocol = aiomqtt.ProtocolVersion.V5
+        self._acks: dict[int, asyncio.Future[Any]] = {}  # PUBACK reason codes by packet id
+        self._fatal: asyncio.Future[None] | None = None
+        self._connected_at = 0.0
+        self.stopped = False  # run() has ended: publishing fails at once
 
     def _tls_context(self) -> ssl.SSLContext | None:
         if not self.address.tls:
@@ -159,39 +207,106 @@ class Bus:
         will = None
         if self.will is not None:
             will = aiomqtt.Will(self.will[0], self.will[1], qos=1, retain=True)
+        clean = not self.persistent_session or (self.fresh_session and self.connections == 0)
+        session: dict[str, Any] = {"clean_session": clean}
+        if self.protocol is aiomqtt.ProtocolVersion.V5:
+            properties = Properties(PacketTypes.CONNECT)
+            properties.SessionExpiryInterval = 0 if clean else NEVER_EXPIRES
+            session = {"clean_start": clean, "properties": properties}
         client = aiomqtt.Client(
             self.address.host,
             self.address.port,
             identifier=self.identifier,
             username=self.credentials.username,
             password=self.credentials.password,
+            protocol=self.protocol,
             will=will,
-            clean_session=not self.persistent_session,
             keepalive=self.keepalive_s,
             timeout=self.connect_timeout_s,
             tls_context=self._tls_context(),
             max_inflight_messages=100,
+            **session,
         )
-        # The coordinator pipelines a round's downlinks (one publish per client at once);
-        # aiomqtt would log a warning for every publish beyond its default of 10 pending.
-        client.pending_calls_threshold = 100_000
+        self._watch_acks(client)
         return client
 
+    def _watch_acks(self, client: aiomqtt.Client) -> None:
+        """Keep each PUBACK's reason code (aiomqtt drops it), and fail a connect the broker
+        closes without a CONNACK at once (aiomqtt would wait out its timeout)."""
+        acks: dict[int, asyncio.Future[Any]] = {}
+        self._acks = acks
+        paho_client = client._client  # aiomqtt exposes neither callback
+
+        def on_publish(_c: object, _u: object, mid: int, reason: Any, _p: object) -> None:
+            acked = acks.get(mid)
+            if acked is not None and not acked.done():
+                acked.set_result(reason)
+
+        def on_disconnect(c: paho.Client, u: Any, flags: Any, reason: Any, p: Any = None) -> None:
+            if not client._connected.done():
+                client._connected.set_exception(
+                    ClosedBeforeConnack(f"the broker closed the connection ({reason})")
+                )
+            client._on_disconnect(c, u, flags, reason, p)
+
+        paho_client.on_publish = on_publish
+        paho_client.on_disconnect = on_disconnect
+
     async def run(self) -> None:
-        """Hold the connection open forever, reconnecting with jittered backoff."""
+        """Hold the connection open forever, reconnecting with jittered backoff; raise
+        :class:`Refused` when the broker refuses something that retrying cannot fix."""
+        self.stopped = False
+        self._fatal = asyncio.get_running_loop().create_future()
+        session = asyncio.ensure_future(self._hold())
+        try:
+            await asyncio.wait({session, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not session.done():
+                session.cancel()
+                await asyncio.wait({session})
+            self.connected.clear()
+            self._client = None
+            self._lost.set()
+            self.stopped = True
+        failure = None if session.cancelled() else session.exception()
+        if self._fatal.done():
+            self._fatal.result()
+        if failure is not None:
+            raise failure
+
+    def _fail(self, error: Refused) -> Refused:
+        if self._fatal is not None and not self._fatal.done():
+            self._fatal.set_exception(error)
+        return error
+
+    async def _hold(self) -> None:
         delay = self.min_backoff_s
         while True:
             try:
                 async with self._make_client() as client:
                     _no_delay(client)
                     for topic in self.subscriptions:
-                        await client.subscribe(topic, qos=1)
+                        self._check_subscribed(topic, await client.subscribe(topic, qos=1))
+                    lost = asyncio.Event()
                     for topic, payload, retain in self.birth() if self.birth else []:
-                        await client.publish(topic, payload, qos=1, retain=retain)
-                    self._client, self._lost = client, asyncio.Event()
+                        await self._send(
+                            client,
+                            lost,
+                            topic,
+                            payload,
+                            qos=1,
+                            retain=retain,
+                            timeout=self.connect_timeout_s,
+                        )
+                    self._client, self._lost = client, lost
                     self.connections += 1
+                    self._connected_at = time.monotonic()
                     self.connected.set()
-                    self._log.info("broker.connected", connections=self.connections)
+                    self._log.info(
+                        f"{self.events}.connected",
+                        connections=self.connections,
+                        mqtt=self.protocol.name,
+                    )
                     if self.on_connection is not None:
                         self.on_connection(True)
                     delay = self.min_backoff_s
@@ -199,23 +314,70 @@ class Bus:
                         payload = message.payload
                         if not isinstance(payload, bytes | bytearray):
                             payload = b"" if payload is None else str(payload).encode()
-                        await self._receive(message.topic.value, bytes(payload))
+                        await self._receive(
+                            message.topic.value, bytes(payload), retained=message.retain
+                        )
             except aiomqtt.MqttError as exc:
                 was_connected = self.connected.is_set()
                 self.connected.clear()
                 self._client = None
                 self._lost.set()  # publishes awaiting a PUBACK on it go again on the next one
-                event = "broker.disconnected" if was_connected else "broker.unreachable"
+                if not was_connected and self._refused_login(exc):
+                    continue  # MQTT 3.1.1 from now on: retry at once
+                if was_connected and self._taken_over(exc):
+                    raise self._fail(taken_over(self.who, self.identifier)) from None
+                event = f"{self.events}.{'disconnected' if was_connected else 'unreachable'}"
                 if was_connected and self.on_connection is not None:
                     self.on_connection(False)
                 self._log.warning(event, error=str(exc), retry_in_s=round(delay, 2))
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, self.max_backoff_s)
 
-    async def _receive(self, topic: str, payload: bytes) -> None:
+    def _refused_login(self, exc: aiomqtt.MqttError) -> bool:
+        """Raise :class:`Refused` for a refused login; True if MQTT 5 was not understood
+        (the bus falls back to MQTT 3.1.1); False for anything worth retrying."""
+        code = reason_value(getattr(exc, "rc", None))
+        if isinstance(exc, MqttConnectError) and code in LOGIN_REFUSALS:
+            raise self._fail(
+                login_refused(
+                    str(self.address), self.credentials.username, exc.rc, self.credentials.origin
+                )
+            ) from None
+        v5 = self.protocol is aiomqtt.ProtocolVersion.V5
+        unsupported = isinstance(exc, ClosedBeforeConnack) or (
+            isinstance(exc, MqttConnectError) and code in UNSUPPORTED_PROTOCOL
+        )
+        if v5 and unsupported and self.connections == 0:
+            self.protocol = aiomqtt.ProtocolVersion.V311
+            self._log.warning(
+                "broker.mqtt311", reason=str(exc), note="refused publishes go unnoticed"
+            )
+            return True
+        return False
+
+    def _taken_over(self, exc: aiomqtt.MqttError) -> bool:
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        code = reason_value(getattr(cause, "rc", None))
+        young = time.monotonic() - self._connected_at < TAKEOVER_WINDOW_S
+        return code == SESSION_TAKEN_OVER and self.connections == 1 and young
+
+    def _check_subscribed(self, topic: str, granted: Any) -> None:
+        for reason in granted if isinstance(granted, list) else []:
+            if getattr(reason, "is_failure", False):
+                user = user_text(self.credentials.username)
+                raise self._fail(
+                    Refused(
+                        f"{self.who} ({user}) may not subscribe to {topic}: the broker "
+                        f"refused it, {str(reason).lower()} (MQTT reason code "
+                        f"{reason_value(reason)}); the ACL's run id (broker init --run-id) "
+                        "and the device's credentials must fit this run"
+                    )
+                )
+
+    async def _receive(self, topic: str, payload: bytes, *, retained: bool = False) -> None:
         """Queue a message; chunks are put back together first (any sender may chunk)."""
         if not is_chunk(payload):
-            await self.incoming.put(Incoming(topic, payload))
+            await self.incoming.put(Incoming(topic, payload, retained=retained))
             return
         whole: tuple[bytes, int] | None = None
         error: WireError | None = None
@@ -271,10 +433,12 @@ class Bus:
         deadline = loop.time() + timeout
         while True:
             remaining = deadline - loop.time()
+            if self.stopped:
+                raise BrokerError(f"could not publish to {topic}: the bus has stopped")
             if remaining <= 0:
                 raise BrokerError(f"could not publish to {topic} within {timeout:.0f}s")
-            try:
-                await asyncio.wait_for(self.connected.wait(), timeout=remaining)
+            try:  # a short wait at a time: the bus may stop meanwhile
+                await asyncio.wait_for(self.connected.wait(), timeout=min(remaining, 0.5))
             except TimeoutError:
                 continue
             client, lost = self._client, self._lost
@@ -299,8 +463,8 @@ class Bus:
                 self._log.warning("publish.retrying", topic=topic, error=str(exc))
                 await asyncio.sleep(0.2)
 
-    @staticmethod
     async def _send(
+        self,
         client: aiomqtt.Client,
         lost: asyncio.Event,
         topic: str,
@@ -310,22 +474,33 @@ class Bus:
         retain: bool,
         timeout: float,
     ) -> bool:
-        """One publish; False if the connection drops first (aiomqtt would wait out the
-        timeout for a PUBACK that can no longer come)."""
-        sending = asyncio.ensure_future(
-            client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout)
-        )
+        """One publish; False if the connection drops first (the PUBACK can no longer
+        come). A PUBACK with a failure reason code raises :class:`Refused`."""
+        info = client._client.publish(topic, payload, qos=qos, retain=retain)
+        if info.rc != paho.MQTT_ERR_SUCCESS:
+            raise aiomqtt.MqttCodeError(info.rc, "Could not publish message")
+        if qos == 0:
+            return True
+        acks = self._acks
+        acked = acks.setdefault(info.mid, asyncio.get_running_loop().create_future())
         dropped = asyncio.ensure_future(lost.wait())
         try:
-            done, _ = await asyncio.wait({sending, dropped}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {acked, dropped}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             dropped.cancel()
-            if not sending.done():
-                sending.cancel()
-        if sending not in done:
+            acks.pop(info.mid, None)
+        if acked in done:
+            reason = acked.result()
+            if getattr(reason, "is_failure", False):
+                raise self._fail(
+                    publish_refused(self.who, self.credentials.username, topic, reason)
+                )
+            return True
+        if dropped in done:
             return False
-        sending.result()
-        return True
+        raise aiomqtt.MqttError(f"no PUBACK for {topic} within {timeout:.0f}s")
 
     async def wait_connected(self, *, timeout: float) -> None:
         try:

@@ -79,19 +79,34 @@ def add_broker_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     init.set_defaults(func=cmd_broker_init)
 
 
-def check_ids_for_config(clients: list[str], config_path: str) -> None:
-    """Refuse client ids the run config's data source cannot give data to."""
+def check_ids_for_config(clients: list[str], config_path: str) -> str:
+    """Refuse client ids the run config's data source cannot give data to; return a
+    warning when the ids do not cover the config's clients (or "")."""
     config = load_config(config_path)
+    wanted = config.federation.num_clients
     for client in clients:
-        problem = client_id_problem(config.data, client, num_clients=config.federation.num_clients)
+        problem = client_id_problem(config.data, client, num_clients=wanted)
         if problem is not None:
             raise MqttflError(f"{config_path}: {problem}")
+    expected = [str(i) for i in range(wanted)]
+    if all(is_numeric_id(c) for c in clients):
+        uncovered = [c for c in expected if c not in clients]
+    else:
+        uncovered = expected[len(clients) :]  # named shards: only the count can be checked
+    if not uncovered:
+        return ""
+    shown = ", ".join(uncovered[:10]) + (" ..." if len(uncovered) > 10 else "")
+    return (
+        f"mqttfl: warning: {config_path} has federation.num_clients = {wanted}, but these "
+        f"{len(clients)} ids leave {len(uncovered)} without a login ({shown}); the "
+        f"coordinator would wait for them: use --clients {wanted} (and --force), or lower "
+        "federation.num_clients\n"
+    )
 
 
 def cmd_broker_init(args: argparse.Namespace) -> int:
     clients = client_ids(clients=args.clients, ids=args.ids)
-    if args.config:
-        check_ids_for_config(clients, args.config)
+    warning = check_ids_for_config(clients, args.config) if args.config else ""
     edge = _edge_bridge(args)
     setup = init_broker(
         args.out,
@@ -105,15 +120,23 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
         force=args.force,
         bridges=parse_bridges(args.bridge),
         edge=edge,
+        unprivileged=True,
     )
     sys.stdout.write(
         f"broker files in {setup.out} ({len(clients)} clients + {COORDINATOR} + {WATCH})\n"
         f"  start:  mosquitto -c {setup.conf}\n"
         f"  use:    set -a; . {setup.env_file(COORDINATOR)}; set +a; "
         f"mqttfl coordinator --broker {setup.url} ...\n"
-        "  each client sources its own credentials/<id>.env; keep those files private\n"
+        f"  client: set -a; . {setup.out / 'credentials'}/<id>.env; set +a; "
+        f"mqttfl client --id <id> --broker {setup.url} ...\n"
+        "  each device sources its own id's file only; keep those files private\n"
         f"  watch:  credentials/{WATCH}.env, then mqttfl watch --broker {setup.url} --run RUN\n"
     )
+    if setup.run_as and setup.run_as != "root":
+        sys.stdout.write(f"  mosquitto started as root drops to user {setup.run_as!r}\n")
+    if setup.note:
+        sys.stdout.write(f"  note: {setup.note}\n")
+    sys.stderr.write(warning)
     named = [c for c in clients if not is_numeric_id(c)]
     if named and not args.config:
         sys.stdout.write(

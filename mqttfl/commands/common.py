@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -31,7 +32,10 @@ def add_config_args(parser: argparse.ArgumentParser, *, positional: bool = False
         metavar="KEY=VALUE",
         help="override a config key, e.g. --set federation.num_clients=4",
     )
-    parser.add_argument("--broker", help="broker URL, e.g. mqtt://host:1883")
+    parser.add_argument(
+        "--broker",
+        help="broker URL, e.g. mqtt://host:1883 (mqtts:// for TLS; without a scheme, mqtt://)",
+    )
 
 
 def positive(text: str) -> int:
@@ -102,6 +106,8 @@ def broker_url(text: str) -> str:
     problem = resolve(address.host, address.port, timeout=RESOLVE_TIMEOUT_S)
     if problem is not None:
         raise MqttflError(f"--broker {text!r}: cannot resolve host {address.host!r}: {problem}")
+    if "://" not in text:
+        sys.stderr.write(f"mqttfl: note: --broker {text!r} has no scheme: taken as {address}\n")
     return str(address)
 
 
@@ -112,10 +118,17 @@ def broker_address(args: argparse.Namespace) -> BrokerAddress:
     return BrokerAddress.parse(broker_url(args.broker))
 
 
-def credentials(config: RunConfig) -> Credentials:
-    """The config's ``[broker]`` identity (``MQTTFL_BROKER__*`` in the environment)."""
+def credentials(config: RunConfig, identity: str | None = None) -> Credentials:
+    """The config's ``[broker]`` identity (``MQTTFL_BROKER__*`` in the environment);
+    ``identity`` names the ``credentials/<id>.env`` a refused login points to."""
     b = config.broker
-    return Credentials(b.username, b.password, b.tls_ca, b.tls_cert, b.tls_key)
+    env = f"credentials/{identity or '<id>'}.env"
+    origin = (
+        "the user name and password come from MQTTFL_BROKER__USERNAME and "
+        f"MQTTFL_BROKER__PASSWORD (or [broker] in the config): on this device run "
+        f"`set -a; . {env}; set +a` with the {env} that `mqttfl broker init` wrote"
+    )
+    return Credentials(b.username, b.password, b.tls_ca, b.tls_cert, b.tls_key, origin)
 
 
 def first_mqttfl_error(group: BaseExceptionGroup[BaseException]) -> MqttflError | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +17,33 @@ from mqttfl.commands.common import (
     watch_parent,
 )
 from mqttfl.config import RunConfig, load_config
+from mqttfl.logs import get_logger
 from mqttfl.paths import make_dir
 
 
 def add_coordinator_command(subparsers: Any) -> None:
-    coord = subparsers.add_parser("coordinator", help="run the coordinator against a broker")
+    coord = subparsers.add_parser(
+        "coordinator",
+        help="run the coordinator against a broker",
+        description="Run the coordinator of one run against a broker. It ends with the "
+        "result table of `mqttfl run`. Logs go to OUT/logs/coordinator.jsonl "
+        "(MQTTFL_LOG_DIR overrides); the checkpoint, metrics.jsonl and summary.json to OUT.",
+    )
     add_config_args(coord)
     coord.add_argument(
         "--out", type=Path, required=True, help="run directory (resumes if it has a checkpoint)"
+    )
+    coord.add_argument(
+        "--clear-run",
+        action="store_true",
+        help="start the run id afresh: clear the retained messages a finished or abandoned "
+        "run left on the broker under this run id (never while its coordinator is live)",
+    )
+    coord.add_argument(
+        "--local-reference",
+        action="store_true",
+        help="train the Local reference (each client alone) for the result table if it is "
+        "not cached yet; without it the table shows a cached one only",
     )
     coord.set_defaults(func=cmd_coordinator)
 
@@ -32,12 +53,21 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     broker = broker_address(args)
     make_dir(args.out, what="--out")
     _check_shapes(config)
-    from mqttfl.nodes.coordinator import Coordinator  # torch: after the quick checks
+    from mqttfl.nodes.run_lease import claim_run
 
     setup_logging(config, "coordinator", args.out)
     watch_parent()
-    coordinator = Coordinator(config, broker, args.out, credentials=credentials(config))
-    asyncio.run(coordinator.run())
+    identity = credentials(config, "coordinator")
+    # Before torch is even imported: a second coordinator or a finished run id is told at once.
+    asyncio.run(claim_run(config, broker, args.out, credentials=identity, clear=args.clear_run))
+    from mqttfl.nodes.coordinator import Coordinator
+
+    coordinator = Coordinator(
+        config, broker, args.out, credentials=identity, fresh_session=args.clear_run
+    )
+    summary = asyncio.run(coordinator.run())
+    if summary and not os.environ.get("MQTTFL_PARENT_PID"):  # `mqttfl run` prints its own
+        _print_table(config, summary, args.out, train=args.local_reference)
     return 0
 
 
@@ -55,3 +85,15 @@ def _check_shapes(config: RunConfig) -> None:
     if problem is not None:
         key = "model.per_client" if config.model.per_client else "model.name"
         raise ConfigError(key, problem)
+
+
+def _print_table(config: RunConfig, summary: dict[str, Any], out: Path, *, train: bool) -> None:
+    from mqttfl.evaluation.reference import add_local_reference
+    from mqttfl.evaluation.table import format_table
+
+    if config.method != "local":
+        try:
+            summary = add_local_reference(config, summary, out, train=train)
+        except Exception as exc:  # noqa: BLE001 - the federation's own result still stands
+            get_logger().warning("reference.failed", error=f"{type(exc).__name__}: {exc}")
+    sys.stdout.write(format_table(summary) + f"\nrun directory: {out}\n")

@@ -51,4 +51,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
         connect_timeout_s=config.broker.connect_timeout_s,
     )
     asyncio.run(run_watch(view, bus, Console(), once=args.once))
+    if args.once and view.phase == "unknown" and not view.clients:
+        raise MqttflError(
+            f"--run {args.run!r}: the broker {broker} holds nothing of this run (no state, "
+            f"no client status in {ONCE_LISTEN_S:.0f} s); is the run id right, and has its "
+            "coordinator started?"
+        )
     return 0

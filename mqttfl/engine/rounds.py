@@ -21,6 +21,7 @@ new status, an acknowledgement, an upload or metrics), so it costs one round at 
 
 from __future__ import annotations
 
+import logging
 import math
 import secrets
 from collections.abc import Callable
@@ -105,6 +106,9 @@ class Phase(Enum):
     DONE = "done"
 
 
+WAITING_FOR_CLIENTS = (Phase.JOINING, Phase.WAITING)  # client.online lines name who is missing
+
+
 def select_clients(
     live: list[str], *, fraction: float, min_clients: int, seed: int, t: int, attempt: int
 ) -> list[str]:
@@ -164,6 +168,15 @@ class RoundEngine:
     def live(self) -> list[str]:
         return sorted((c for c, r in self.clients.items() if r.online), key=client_order)
 
+    def missing(self) -> list[str] | int:
+        """The expected clients not live: their ids where the ids are 0..N-1 (as `broker
+        init --clients N` makes them), else how many."""
+        live = self.live()
+        expected = [str(i) for i in range(self.fed.num_clients)]
+        if set(live) <= set(expected):
+            return [c for c in expected if c not in live]
+        return max(self.fed.num_clients - len(live), 0)
+
     def selectable(self) -> list[str]:
         return [c for c in self.live() if self.clients[c].responsive]
 
@@ -177,6 +190,7 @@ class RoundEngine:
                 client=status.info.client_id,
                 arch=status.info.arch,
                 samples=status.info.num_samples,
+                **({"waiting_for": self.missing()} if self.phase in WAITING_FOR_CLIENTS else {}),
             )
             return
         assert isinstance(status, Offline)
@@ -286,11 +300,13 @@ class RoundEngine:
             joined = len(self.live()) >= self.fed.num_clients
             if not joined and now < self.phase_until:
                 return False
-            self.log.info(
+            self.log.log(
+                logging.INFO if joined else logging.WARNING,
                 "clients.joined",
                 live=len(self.live()),
                 expected=self.fed.num_clients,
                 all_joined=joined,
+                missing=self.missing(),
             )
             self._wait_for_live(now)
             return True
@@ -326,6 +342,7 @@ class RoundEngine:
                     reason="too few live clients",
                     live=len(self.selectable()),
                     min_clients=self.fed.min_clients,
+                    missing=self.missing(),
                     attempt=self.attempt,
                 )
             if now < self.phase_until:

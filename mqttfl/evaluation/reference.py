@@ -286,6 +286,27 @@ def local_reference(
     return LocalReference(clients, key, "trained", stored, seconds)
 
 
+def cached_local_reference(
+    config: RunConfig, *, cache_dir: Path | None = None
+) -> LocalReference | None:
+    """The Local reference of ``config`` if the cache holds one, else None (never trains)."""
+    from mqttfl.evaluation.pooled import client_shards
+
+    shards = client_shards(config)
+    key, _ = reference_key(config, shards)
+    path = (cache_dir or cache_root()) / "local-reference" / f"{key}.json"
+    cached = _read_cached(path, key)
+    if cached is None:
+        return None
+    return LocalReference(
+        {cid: dict(row) for cid, row in cached["clients"].items()},
+        key,
+        "cached",
+        path,
+        float(cached["seconds"]),
+    )
+
+
 # --- into the run's summary -----------------------------------------------------------------
 def with_reference(summary: dict[str, Any], reference: LocalReference) -> dict[str, Any]:
     """``summary`` with a ``local_reference`` block: the reference's per-client and mean
@@ -315,11 +336,23 @@ def with_reference(summary: dict[str, Any], reference: LocalReference) -> dict[s
 
 
 def add_local_reference(
-    config: RunConfig, summary: dict[str, Any], out: Path, *, cache_dir: Path | None = None
+    config: RunConfig,
+    summary: dict[str, Any],
+    out: Path,
+    *,
+    cache_dir: Path | None = None,
+    train: bool = True,
 ) -> dict[str, Any]:
     """Attach the Local reference to a finished run's summary and rewrite its
-    ``summary.json`` with it; return the new summary."""
-    summary = with_reference(summary, local_reference(config, cache_dir=cache_dir))
+    ``summary.json`` with it; return the new summary. ``train=False``: only a cached
+    reference (the summary stays as it is without one)."""
+    if train:
+        reference: LocalReference | None = local_reference(config, cache_dir=cache_dir)
+    else:
+        reference = cached_local_reference(config, cache_dir=cache_dir)
+    if reference is None:
+        return summary
+    summary = with_reference(summary, reference)
     write_atomic(
         out / "summary.json", (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode()
     )

@@ -139,16 +139,18 @@ def render_markdown(runs: list[RunData], rows: list[dict[str, Any]]) -> str:
         "",
         "## Runs",
         "",
-        "| run | method | rounds | clients | Acc. (%) | F1 (%) | MAE | KB up | KB down | "
-        "rejected |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| run | method | rounds | clients | Acc. (%) | Local (%) | gain (pp) | F1 (%) | MAE | "
+        "KB up | KB down | rejected |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         mean, comm = run.summary["mean"], run.summary["comm"]
         rejected = sum(run.summary.get("rejections", {}).values())
+        local, gain = _reference_cells(run.summary, None)
         lines.append(
             f"| {run.label} | {run.method} | {run.summary.get('rounds_completed', '?')} | "
-            f"{len(run.summary.get('clients', {}))} | {mean['accuracy'] * 100:.2f} | {mean['f1'] * 100:.2f} | "
+            f"{len(run.summary.get('clients', {}))} | {mean['accuracy'] * 100:.2f} | {local} | "
+            f"{gain} | {mean['f1'] * 100:.2f} | "
             f"{mean['mae']:.3f} | {comm['up_bytes_per_client_round'] / 1000:.2f} | "
             f"{comm['down_bytes_per_client_round'] / 1000:.2f} | {rejected} |"
         )
@@ -157,12 +159,14 @@ def render_markdown(runs: list[RunData], rows: list[dict[str, Any]]) -> str:
             "",
             f"### {run.label} ({run.method}): per client",
             "",
-            "| client | Acc. (%) | F1 (%) | MAE | KB sent | KB received |",
-            "|---|---|---|---|---|---|",
+            "| client | Acc. (%) | Local (%) | gain (pp) | F1 (%) | MAE | KB sent | KB received |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for client, row in run.summary.get("clients", {}).items():
+            local, gain = _reference_cells(run.summary, client)
             lines.append(
-                f"| {client} | {row['accuracy'] * 100:.2f} | {row['f1'] * 100:.2f} | {row['mae']:.3f} | "
+                f"| {client} | {row['accuracy'] * 100:.2f} | {local} | {gain} | "
+                f"{row['f1'] * 100:.2f} | {row['mae']:.3f} | "
                 f"{row['kb_sent']:.1f} | {row['kb_received']:.1f} |"
             )
     lines += [
@@ -175,6 +179,23 @@ def render_markdown(runs: list[RunData], rows: list[dict[str, Any]]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _reference_cells(summary: dict[str, Any], client: str | None) -> tuple[str, str]:
+    """Local accuracy (%) and gain (percentage points) of a client, or of the mean
+    (``None``), where the summary holds a Local reference; "–" where it does not."""
+    reference = summary.get("local_reference")
+    if not isinstance(reference, dict):
+        return "–", "–"
+    if client is None:
+        local = reference.get("mean", {}).get("accuracy")
+        gain = reference.get("gain", {}).get("mean")
+    else:
+        local = reference.get("clients", {}).get(client, {}).get("accuracy")
+        gain = reference.get("gain", {}).get("clients", {}).get(client)
+    if local is None or gain is None:
+        return "–", "–"
+    return f"{local * 100:.2f}", f"{gain * 100:+.2f}"
 
 
 def _method_curves(runs: list[RunData], key: str, how: str) -> dict[str, dict[int, float]]:

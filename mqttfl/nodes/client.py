@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import logging
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
@@ -30,14 +31,16 @@ import structlog
 import torch
 
 from mqttfl.algorithms import get_algorithm, make_context
+from mqttfl.bus.refusal import Refused
 from mqttfl.bus.transport import BrokerAddress, Bus, Credentials, Incoming
 from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
-from mqttfl.errors import WireError
+from mqttfl.errors import BrokerError, MqttflError, WireError
 from mqttfl.logs import get_logger
 from mqttfl.nodes.client_inbox import Received, read_for_client
 from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path
 from mqttfl.nodes.device import build_client_side, round_rng
+from mqttfl.nodes.run_lease import finished_text
 from mqttfl.training.metrics import classification_report
 from mqttfl.wire import Message, Topics, check_id, encode
 from mqttfl.wire.control import (
@@ -151,7 +154,10 @@ class ClientRunner:
             keepalive_s=config.broker.keepalive_s,
             connect_timeout_s=config.broker.connect_timeout_s,
             max_message_bytes=config.broker.max_message_bytes,
+            who=f"client {client_id!r}",
         )
+        self.broker = broker
+        self.state_seen = False  # the run's state, the first time: a finished run is not ours
 
     # --- reading: decode, validate, acknowledge -----------------------------------------------
     def _read(self, incoming: Incoming) -> Received | None:
@@ -220,6 +226,8 @@ class ClientRunner:
             if received is None:
                 continue
             message = received.message
+            if isinstance(message, RunStatus):
+                self._check_not_finished_before(message)
             if isinstance(message, RunStatus) and message.start is not None:
                 message = message.start
             if isinstance(message, RoundStart):
@@ -229,12 +237,21 @@ class ClientRunner:
                 continue
             self.work.put_nowait(received)
 
+    def _check_not_finished_before(self, status: RunStatus) -> None:
+        """The first state we see says the run finished without us: its id was used
+        before (a silent exit 0 would look like success)."""
+        first, self.state_seen = not self.state_seen, True
+        if first and status.phase == "finished" and self.progress.applied_round < status.round:
+            raise MqttflError(finished_text(self.config.run_id, status, self.broker))
+
     # --- acting --------------------------------------------------------------------------
     async def _worker(self) -> None:
         while True:
             received = await self.work.get()
             try:
                 await self._act(received)
+            except Refused:
+                raise  # the broker refuses our uploads: nothing we report would count
             except Exception as exc:  # one message never ends the client
                 self.log.warning(
                     "message.failed",
@@ -433,7 +450,9 @@ class ClientRunner:
             await loop
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-            self.log.error("client.failed", error=error[:300])
+            # A deliberate stop is the command's one error line; anything else is logged.
+            level = logging.DEBUG if isinstance(exc, MqttflError) else logging.ERROR
+            self.log.log(level, "client.failed", error=error[:300])
             offline = Offline(self.client_id, f"failed: {error}"[:200]).encode(self.config.run_id)
             await self.bus.publish(
                 self.topics.status(self.client_id), offline, retain=True, timeout=5
@@ -467,6 +486,8 @@ class ClientRunner:
                         await self.bus.publish(
                             self.topics.status(self.client_id), offline, retain=True, timeout=5
                         )
+                except BrokerError:
+                    pass  # stopping because the bus stopped: our will says offline
                 finally:
                     for task in tasks:
                         task.cancel()

@@ -22,8 +22,9 @@ from mqttfl.config import RunConfig
 from mqttfl.engine.journal import Journal
 from mqttfl.engine.rounds import Announce, Close, Finish, RoundEngine
 from mqttfl.engine.state import RunState
-from mqttfl.errors import RejectedUpload, RunAborted, WireError
+from mqttfl.errors import BrokerError, RejectedUpload, RunAborted, WireError
 from mqttfl.logs import get_logger
+from mqttfl.nodes.run_lease import my_lease
 from mqttfl.wire import Topics
 from mqttfl.wire.control import (
     DownlinkPayloads,
@@ -33,6 +34,7 @@ from mqttfl.wire.control import (
     read_site_notice,
     read_status,
 )
+from mqttfl.wire.lease import Lease
 from mqttfl.wire.resend import RESEND_REASONS, Resend
 
 __all__ = ["Coordinator", "RunAborted"]
@@ -57,7 +59,10 @@ class Coordinator:
         out_dir: Path,
         *,
         credentials: Credentials | None = None,
+        fresh_session: bool = False,
     ) -> None:
+        """``fresh_session``: drop what the broker still queues for this run's coordinator
+        client id (a cleared run's leftovers) instead of taking it in."""
         self.config = config
         self.topics = Topics(config.run_id)
         self.journal = Journal(out_dir)
@@ -79,6 +84,7 @@ class Coordinator:
         self._requests: set[asyncio.Future[int | None]] = set()  # resend requests on their way
         self._syncing: asyncio.Task[None] | None = None
         self.log = get_logger(run_id=config.run_id, client_id="coordinator")
+        self.lease = lease = my_lease()
         self.bus = Bus(
             broker,
             identifier=f"mqttfl-{config.run_id}-coordinator",
@@ -97,6 +103,11 @@ class Coordinator:
             max_reassembled_bytes=config.federation.max_upload_bytes,
             sender_of=topic_sender,
             on_connection=self._on_connection,
+            # The run's lease: live while we are connected, gone (our will) when we die.
+            will=(self.topics.lease, Lease(False, lease.host, lease.pid, lease.since).encode()),
+            birth=lambda: [(self.topics.lease, lease.encode(), True)],
+            who=f"the coordinator of run {config.run_id!r}",
+            fresh_session=fresh_session,
         )
         self.resend_requests: dict[tuple[int, str], int] = {}
 
@@ -239,9 +250,8 @@ class Coordinator:
             await self._synced_checkpoint()
             self.journal.write_summary(action.summary)
             last = self.engine.state.round
-            await self.bus.publish(
-                self.topics.state, RunStatus("finished", last).encode(run), retain=True
-            )
+            finished = RunStatus("finished", last, finished_at=time.time())
+            await self.bus.publish(self.topics.state, finished.encode(run), retain=True)
             self.log.info("run.summary", mean=action.summary["mean"])
 
     async def _close(self, action: Close) -> None:
@@ -291,6 +301,7 @@ class Coordinator:
                     summary = await self._loop()
                 finally:
                     inbox_task.cancel()
+                    await self._release()
             finally:
                 bus_task.cancel()
         return summary
@@ -323,6 +334,15 @@ class Coordinator:
                 await asyncio.wait_for(self.wake.wait(), timeout=timeout)
         await self._synced_checkpoint()
         return summary
+
+    async def _release(self) -> None:
+        """Give the run's lease up (a clean disconnect sends no last will)."""
+        if self.bus.connected.is_set():
+            released = Lease(False, self.lease.host, self.lease.pid, self.lease.since)
+            try:
+                await self.bus.publish(self.topics.lease, released.encode(), retain=True, timeout=5)
+            except BrokerError as exc:
+                self.log.warning("lease.unreleased", error=str(exc))
 
     def summary(self) -> dict[str, Any]:
         return self.engine.summary()

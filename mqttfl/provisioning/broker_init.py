@@ -20,10 +20,13 @@ reach mqttfl through the config file or the environment, never the command line.
 from __future__ import annotations
 
 import getpass
+import grp
 import ipaddress
 import os
+import pwd
 import secrets
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +56,8 @@ class BrokerSetup:
     port: int
     tls: bool
     passwords: dict[str, str] = field(repr=False)
+    run_as: str | None = None  # the user mosquitto drops to when started as root
+    note: str = ""  # why it cannot drop root, when it cannot
 
     @property
     def conf(self) -> Path:
@@ -302,9 +307,12 @@ def init_broker(
     force: bool = False,
     bridges: dict[str, list[str]] | None = None,
     edge: EdgeBridge | None = None,
+    unprivileged: bool = False,
 ) -> BrokerSetup:
     """Write a locked-down broker. ``bridges`` (central side): a bridge identity and ACL
-    per site; ``edge``: this broker is that site's edge, bridged to the central one."""
+    per site; ``edge``: this broker is that site's edge, bridged to the central one.
+    ``unprivileged``: a mosquitto started as root drops to an unprivileged user (who
+    then owns the files it needs), where that user can reach ``out``."""
     if port is not None and not 1 <= port <= 65535:
         raise MqttflError(f"--port {port} is not a port number in 1-65535")
     if port is None:
@@ -338,8 +346,15 @@ def init_broker(
         acl += "\n" + "\n".join(bridge_acl(site, members, run_id))
     _write_private(out / "acl", acl)
     # mosquitto started as root switches to the user 'mosquitto' before it reads the
-    # password file and ACL; run it as the owner of these private files instead.
+    # password file and ACL; run it as the owner of these private files, or (deployments)
+    # as an unprivileged user given those files.
     user = getpass.getuser() if os.geteuid() == 0 else None
+    note = ""
+    if user == "root" and unprivileged:
+        service, note = service_user(out)
+        if service is not None:
+            user = service.pw_name
+            _give(out, service, tls=tls)
     conf = conf_text(
         out, port=port, bind=bind, tls=tls, max_packet_bytes=max_packet_bytes, user=user
     )
@@ -355,7 +370,45 @@ def init_broker(
         if tls:
             lines.append(f"MQTTFL_BROKER__TLS_CA={ca}")
         _write_private(out / "credentials" / f"{identity}.env", "\n".join(lines) + "\n")
-    return BrokerSetup(out, port, tls, passwords)
+    return BrokerSetup(out, port, tls, passwords, user, note)
+
+
+def service_user(out: Path) -> tuple[pwd.struct_passwd | None, str]:
+    """The unprivileged user for a mosquitto started as root ('mosquitto', else
+    'nobody'), or None and why it cannot reach ``out``."""
+    for name in ("mosquitto", "nobody"):
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            continue
+        groups = {entry.pw_gid} | {g.gr_gid for g in grp.getgrall() if name in g.gr_mem}
+        for folder in reversed(out.parents):
+            info = folder.stat()
+            if info.st_uid == entry.pw_uid:
+                bit = stat.S_IXUSR
+            elif info.st_gid in groups:
+                bit = stat.S_IXGRP
+            else:
+                bit = stat.S_IXOTH
+            if not info.st_mode & bit:
+                return None, (
+                    f"mosquitto started as root will keep running as root: user {name!r} "
+                    f"cannot enter {folder} (mode {stat.S_IMODE(info.st_mode):o}); "
+                    "an --out that other users can reach lets it drop root"
+                )
+        return entry, ""
+    return None, "mosquitto started as root will keep running as root: no 'mosquitto' user"
+
+
+def _give(out: Path, user: pwd.struct_passwd, *, tls: bool) -> None:
+    """Hand mosquitto's own files to ``user`` (the credentials/ stay with their owner)."""
+    log = out / "mosquitto.log"
+    log.touch(mode=0o600)
+    owned = [out, out / "data", out / "passwd", out / "acl", log]
+    if tls:
+        owned += [out / "tls", *(out / "tls" / n for n in ("ca.crt", "server.crt", "server.key"))]
+    for path in owned:
+        os.chown(path, user.pw_uid, user.pw_gid)
 
 
 def read_env_file(path: Path) -> dict[str, str]:

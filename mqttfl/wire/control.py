@@ -31,6 +31,7 @@ CONTROL_LIMIT = 1_000_000  # control messages are small; anything bigger is host
 MAX_SAMPLE_DIMS, MAX_SAMPLE_SIDE = 4, 65_536  # bounds of an announced sample shape
 MAX_CLIENTS = 100_000  # ids in one selection
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_UNIX_TIME = 1e11  # year 5138
 MAX_PARAMS = 64  # round parameters and extra metrics: small maps of named numbers
 MAX_KEY_CHARS = 64
 MAX_REASON_CHARS = 200
@@ -303,11 +304,16 @@ class RunStatus:
     phase: RunPhase
     round: int
     start: RoundStart | None = None
+    # When a finished run finished (Unix time): only shown to a person who reuses the run
+    # id, never used to compute anything (clocks of devices may be off).
+    finished_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.phase not in _PHASES:
             raise WireError("range", f"unknown run phase {str(self.phase)[:20]!r}")
         round_number(self.round)
+        if self.finished_at is not None:
+            _finite_number("finished_at", self.finished_at, low=0.0, high=MAX_UNIX_TIME)
         if (self.phase == "open") != (self.start is not None):
             raise WireError("range", "a run status carries a start exactly when a round is open")
         if self.start is not None and self.start.round != self.round:
@@ -317,15 +323,17 @@ class RunStatus:
         body: dict[str, Any] = {"phase": self.phase}
         if self.start is not None:
             body["start"] = self.start.to_body()
+        if self.finished_at is not None:
+            body["finished_at"] = self.finished_at
         return encode(Message("state", run, self.round, COORDINATOR, body))
 
 
 def read_run_status(raw: bytes, *, run_id: str) -> RunStatus:
     message = read_envelope(raw, "state", run_id, sender=COORDINATOR, round=None)
     body = message.body
-    body_keys(body, {"phase"}, frozenset({"start"}))
+    body_keys(body, {"phase"}, frozenset({"start", "finished_at"}))
     start = RoundStart.from_body(message.round, body["start"]) if "start" in body else None
-    return RunStatus(body["phase"], round_number(message.round), start)
+    return RunStatus(body["phase"], round_number(message.round), start, body.get("finished_at"))
 
 
 # --- acknowledgement ------------------------------------------------------------------

@@ -12,6 +12,7 @@ from its topic alone, before its payload is even decoded.
     mqttfl/{run}/status/{client}             retained online status, last will offline
     mqttfl/{run}/state                       retained run state for late joiners
     mqttfl/{run}/site/{site}                 a site bridge's notice: 1 connected, 0 gone (its will)
+    mqttfl/{run}/lease                       retained: the run's live coordinator (its will: gone)
 """
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ class Topics:
     @property
     def state(self) -> str:
         return f"{self.base}/state"
+
+    @property
+    def lease(self) -> str:
+        return f"{self.base}/lease"
+
+    @property
+    def everything(self) -> str:
+        return f"{self.base}/#"
 
     def site(self, site: str) -> str:
         return f"{self.base}/site/{site}"
