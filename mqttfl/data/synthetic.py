@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mqttfl.data.sessions import SPLITS, split_by_session, split_meta
 from mqttfl.data.shard import Shard
 
 ROOM_NAMES: tuple[str, ...] = (
@@ -368,13 +369,20 @@ def make_room_shard(
     num_classes: int = 21,
     test_fraction: float = 0.2,
     device: str = "per-room",
+    split: str = "window",
 ) -> Shard:
     """Simulate the local dataset of ``client_id`` living in room ``client_id % 6``.
 
     Clients with the same room share its geometry, device and label distribution
     but record their own sessions and windows.  Labels are people counts
-    0..num_classes-1; the split is ~80/20 (FedAPA Sec. V-D) and stratified by label.
+    0..num_classes-1.  ``split="window"``: ~80/20 (FedAPA Sec. V-D), stratified by
+    label, so test windows share their crowd layouts with training windows.
+    ``split="session"``: session ``d`` is the client's recording day ``d`` (one crowd
+    layout per count), and whole days are held out (:mod:`mqttfl.data.sessions`): with
+    three days and ``test_fraction`` 0.2, the third day is the test day.
     """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if client_id < 0 or seed < 0:
         raise ValueError("client_id and seed must be non-negative")
     if window < 1 or samples < 2 or num_classes < 2:
@@ -395,7 +403,17 @@ def make_room_shard(
         scene = {key: v[y[sl], which[sl]] for key, v in sessions.items()}
         parts.append(_simulate(rng, room, y[sl], scene, window))
     x = np.concatenate(parts)
-    train, test = _stratified_split(rng, y, test_fraction)
+    names = [f"day-{d}" for d in range(SESSIONS_PER_COUNT)]
+    if split == "session":
+        train, test, held = split_by_session(which, y, test_fraction)
+        split_info = split_meta(which, y, held, names, test_fraction)
+    else:
+        train, test = _stratified_split(rng, y, test_fraction)
+        split_info = {
+            "method": "window",
+            "test_fraction": test_fraction,
+            "detail": "stratified by label; test windows share crowd layouts with train",
+        }
     labels, freq = np.unique(y[train], return_counts=True)
     meta = {
         "source": "synthetic",
@@ -410,5 +428,11 @@ def make_room_shard(
         "sample_rate_hz": SAMPLE_RATE_HZ,
         "num_classes": num_classes,
         "label_counts": {str(int(c)): int(m) for c, m in zip(labels, freq, strict=True)},
+        "ordinal": True,  # people counts
+        "sessions": names,
+        "split": split_info,
     }
-    return Shard(x[train], y[train], x[test], y[test], meta)
+    sessions = which.astype(np.int64)
+    return Shard(
+        x[train], y[train], x[test], y[test], meta, s_train=sessions[train], s_test=sessions[test]
+    )
