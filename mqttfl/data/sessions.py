@@ -8,7 +8,9 @@ a client trained on (the window split the papers use) rewards learning that
 fingerprint. The session split holds whole sessions out instead, as a deployed sensor
 faces them: recorded on some days, used on others.
 
-:func:`split_by_session` picks the test sessions, label by label: a label recorded in
+:func:`split_by_session` picks the test sessions label by label (sessions that are
+recordings of one label each, as input files usually are), or, for sessions that are
+days recording every label (the synthetic rooms), the latest days. Label by label: a label recorded in
 ``n >= 2`` sessions gets ``max(1, round(test_fraction * n))`` of them as test (at most
 ``n - 1``), taken from the end of the session order (the latest recordings); a session
 picked for one label is a test session for every label in it. A label recorded in one
@@ -46,15 +48,32 @@ def held_out_sessions(sessions: np.ndarray, y: np.ndarray, test_fraction: float)
     return sorted(held)
 
 
+def latest_sessions(sessions: np.ndarray, test_fraction: float) -> list[int]:
+    """The latest ``max(1, round(test_fraction * n))`` of ``n >= 2`` sessions (at most
+    ``n - 1``): for sessions that are days, each recording every label (the synthetic
+    rooms), the days a room is used on after it was recorded."""
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    have = [int(s) for s in np.unique(sessions)]
+    if len(have) < 2:
+        return []
+    return have[-min(len(have) - 1, max(1, round(test_fraction * len(have)))) :]
+
+
 def split_by_session(
-    sessions: np.ndarray, y: np.ndarray, test_fraction: float
+    sessions: np.ndarray, y: np.ndarray, test_fraction: float, *, by_label: bool = True
 ) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """Indices (train, test) of a session split, and the test session ids."""
+    """Indices (train, test) of a session split, and the test session ids: chosen label
+    by label (:func:`held_out_sessions`), or (``by_label=False``) the latest sessions
+    (:func:`latest_sessions`)."""
     sessions = np.asarray(sessions, dtype=np.int64)
     y = np.asarray(y)
     if sessions.shape != y.shape:
         raise ValueError(f"{sessions.shape[0]} session ids for {y.shape[0]} labels")
-    held = held_out_sessions(sessions, y, test_fraction)
+    if by_label:
+        held = held_out_sessions(sessions, y, test_fraction)
+    else:
+        held = latest_sessions(sessions, test_fraction)
     is_test = np.isin(sessions, held)
     return np.flatnonzero(~is_test), np.flatnonzero(is_test), held
 
@@ -79,16 +98,20 @@ def split_meta(
     names: Sequence[str],
     test_fraction: float,
 ) -> dict[str, Any]:
-    """The shard meta's ``split`` entry of a session split."""
-    single = [str(int(label)) for label in np.unique(y) if np.unique(sessions[y == label]).size < 2]
+    """The shard meta's ``split`` entry of a session split (``sessions``/``y``: every
+    window's, or every recording's, session and label)."""
+    tested = np.isin(sessions, list(held))
+    train_labels = {int(v) for v in np.unique(y[~tested])}
+    test_labels = {int(v) for v in np.unique(y[tested])}
     return {
         "method": "session",
         "test_fraction": test_fraction,
         "test_sessions": [names[s] for s in held],
         "train_sessions": [names[s] for s in range(len(names)) if s not in held],
-        "train_only_labels": single,
+        "train_only_labels": sorted(train_labels - test_labels),
+        "test_only_labels": sorted(test_labels - train_labels),
         "detail": "whole sessions are held out: no test window comes from a session the "
-        "client trained on; a label recorded in one session only is trained, not tested",
+        "client trained on",
     }
 
 

@@ -111,7 +111,9 @@ def session_validation_shard(shard: Shard, fraction: float) -> Shard:
 
     assert shard.s_train is not None
     s, y = shard.s_train, shard.y_train
-    train, held, sessions = split_by_session(s, y, fraction)
+    # days recording every label (synthetic) hold out the latest; recordings, per label
+    by_label = shard.meta.get("source") != "synthetic"
+    train, held, sessions = split_by_session(s, y, fraction, by_label=by_label)
     if not sessions:
         raise DataError(
             f"client {shard.meta.get('client_id', '?')}",

@@ -75,7 +75,7 @@ _LIGHT = 299_792_458.0
 _TAP_NS = 1.0  # delay grid for people's paths; fine enough for 80 MHz (1/B = 12.5 ns)
 _CHUNK_CELLS = 2_000_000  # (packet, subcarrier) cells simulated at once: bounds peak memory
 _MARGIN = 0.3  # people keep this far (m) from the walls
-SESSIONS_PER_COUNT = 2  # recording sessions (crowd layouts) per count and client
+SESSIONS_PER_COUNT = 3  # recording days per client: one crowd layout per count each day
 _SHIFT_M = 0.002  # how far (std, m) a seated person's position varies between windows
 _ROAM_M = 0.5  # how far (std, m) a walker starts from their usual spot
 _SWAY_M = 0.003  # amplitude (m) of each postural sway component
@@ -405,7 +405,7 @@ def make_room_shard(
     x = np.concatenate(parts)
     names = [f"day-{d}" for d in range(SESSIONS_PER_COUNT)]
     if split == "session":
-        train, test, held = split_by_session(which, y, test_fraction)
+        train, test, held = split_by_session(which, y, test_fraction, by_label=False)
         split_info = split_meta(which, y, held, names, test_fraction)
     else:
         train, test = _stratified_split(rng, y, test_fraction)
@@ -432,7 +432,13 @@ def make_room_shard(
         "sessions": names,
         "split": split_info,
     }
-    sessions = which.astype(np.int64)
+    session_ids = which.astype(np.int64)
     return Shard(
-        x[train], y[train], x[test], y[test], meta, s_train=sessions[train], s_test=sessions[test]
+        x[train],
+        y[train],
+        x[test],
+        y[test],
+        meta,
+        s_train=session_ids[train],
+        s_test=session_ids[test],
     )

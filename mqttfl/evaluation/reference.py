@@ -35,8 +35,9 @@ import json
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -52,6 +53,9 @@ from mqttfl.wire.ids import client_order
 if TYPE_CHECKING:
     from mqttfl.config import RunConfig
     from mqttfl.data.shard import Shard
+
+#: ``progress(clients, rounds)``: a context manager yielding ``advance(client, round)``
+ProgressFactory = Callable[[int, int], AbstractContextManager[Callable[[str, int], None]]]
 
 #: bump when the cached file or the meaning of the reference changes
 REFERENCE_FORMAT = 1
@@ -150,10 +154,15 @@ def reference_key(config: RunConfig, shards: Mapping[str, Shard]) -> tuple[str, 
 
 # --- training ---------------------------------------------------------------------------
 def train_local_reference(
-    config: RunConfig, shards: Mapping[str, Shard], *, workers: int | None = None
+    config: RunConfig,
+    shards: Mapping[str, Shard],
+    *,
+    workers: int | None = None,
+    progress: Callable[[str, int], None] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Per client: accuracy, F1 and MAE of a Local run of ``config`` over ``shards``
-    (means over the last five rounds). Pure: no broker, no files."""
+    (means over the last five rounds). Pure: no broker, no files. ``progress(client,
+    round)`` is called (from the worker threads) after each client-round."""
     import torch
 
     from mqttfl.algorithms import get_algorithm, make_context
@@ -196,6 +205,8 @@ def train_local_reference(
             side.receive(t, {}, None)
             report = classification_report(shard.y_test, side.predict(shard.x_test))
             records.append({"client_id": cid, "round": t, **report})
+            if progress is not None:
+                progress(cid, t)
         return records
 
     threads = config.train.torch_threads
@@ -235,6 +246,7 @@ def local_reference(
     *,
     cache_dir: Path | None = None,
     shards: Mapping[str, Shard] | None = None,
+    progress: ProgressFactory | None = None,
 ) -> LocalReference:
     """The Local reference of ``config``: from the cache if it holds one with this key,
     else trained now (and cached). ``shards`` default to the clients' own, as `mqttfl run`
@@ -263,7 +275,11 @@ def local_reference(
         hint="--no-local-reference skips it",
     )
     began = time.monotonic()
-    clients = train_local_reference(config, shards)
+    if progress is None:
+        clients = train_local_reference(config, shards)
+    else:
+        with progress(len(shards), config.rounds) as advance:
+            clients = train_local_reference(config, shards, progress=advance)
     seconds = round(time.monotonic() - began, 1)
     record = {
         "format": REFERENCE_FORMAT,
@@ -315,11 +331,18 @@ def with_reference(summary: dict[str, Any], reference: LocalReference) -> dict[s
 
 
 def add_local_reference(
-    config: RunConfig, summary: dict[str, Any], out: Path, *, cache_dir: Path | None = None
+    config: RunConfig,
+    summary: dict[str, Any],
+    out: Path,
+    *,
+    cache_dir: Path | None = None,
+    progress: ProgressFactory | None = None,
 ) -> dict[str, Any]:
     """Attach the Local reference to a finished run's summary and rewrite its
-    ``summary.json`` with it; return the new summary."""
-    summary = with_reference(summary, local_reference(config, cache_dir=cache_dir))
+    ``summary.json`` with it; return the new summary. ``progress(clients, rounds)`` is
+    entered while a reference trains (not for a cached one) and yields the callback."""
+    reference = local_reference(config, cache_dir=cache_dir, progress=progress)
+    summary = with_reference(summary, reference)
     write_atomic(
         out / "summary.json", (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode()
     )
