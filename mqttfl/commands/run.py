@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -116,17 +117,49 @@ def cmd_run(args: argparse.Namespace) -> int:
         client_console="warning" if args.verbose else "off",
         monitor=_monitor_factory(config, console, live),
     )
-    summary = federation.run()
-    if config.method != "local" and not args.no_local_reference:
+    reference = config.method != "local" and not args.no_local_reference
+    # The reference's shards are made while the federation runs, in the gaps its
+    # processes leave (joining, aggregating); the reference itself trains after it.
+    shards = _ShardLoader(config) if reference else None
+    summary = federation.run()  # on an error the loader, a daemon thread, goes with us
+    if shards is not None:
         from mqttfl.evaluation.reference import add_local_reference
 
         def progress(clients: int, rounds: int) -> ReferenceProgress:
             return ReferenceProgress(clients, rounds, console=console, live=live)
 
         try:
-            summary = add_local_reference(config, summary, out, progress=progress)
+            summary = add_local_reference(
+                config, summary, out, progress=progress, shards=shards.result()
+            )
         except Exception as exc:  # noqa: BLE001 - the federation's own result still stands
             get_logger().warning("reference.failed", error=f"{type(exc).__name__}: {exc}")
             sys.stdout.write(f"local reference failed ({type(exc).__name__}: {exc})\n")
     sys.stdout.write(format_table(summary) + f"\nrun directory: {out}\n")
     return 0
+
+
+class _ShardLoader:
+    """Every client's shard (as the launcher's clients load theirs), made in a thread."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self._config = config
+        self._shards: dict[str, Any] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._load, name="mqttfl-shards", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        from mqttfl.evaluation.pooled import client_shards
+
+        try:
+            self._shards = client_shards(self._config)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            self._error = exc
+
+    def result(self) -> dict[str, Any]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._shards is not None
+        return self._shards

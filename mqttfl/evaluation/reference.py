@@ -10,8 +10,9 @@ worker threads (as a fleet trains its clients). Each is built and trained by the
 Local client runs (:mod:`mqttfl.nodes.device`: the same shard, architecture, initial
 weights and ``[train]`` recipe, the same per-round batch order), trains in the rounds the
 coordinator would select it for (:func:`~mqttfl.engine.rounds.select_clients`, first
-attempts), is evaluated on its test split after every round, and is scored like the
-run's summary: each metric's mean over the last five rounds
+attempts), is evaluated on its test split after each of the last five rounds (the
+others are never scored), and is scored like the run's summary: each metric's mean over
+those rounds
 (:func:`~mqttfl.engine.journal.summarize_clients`).
 
 It is trained once and then cached, in ``$MQTTFL_CACHE_DIR`` (else
@@ -203,8 +204,10 @@ def train_local_reference(
             if cid in selected[t]:
                 side.train(t, dict(params[t]), round_rng(config.seed, side.info, t))
             side.receive(t, {}, None)
-            report = classification_report(shard.y_test, side.predict(shard.x_test))
-            records.append({"client_id": cid, "round": t, **report})
+            # only the last rounds are scored: evaluating the others changes nothing
+            if t > config.rounds - LAST_ROUNDS:
+                report = classification_report(shard.y_test, side.predict(shard.x_test))
+                records.append({"client_id": cid, "round": t, **report})
             if progress is not None:
                 progress(cid, t)
         return records
@@ -337,11 +340,13 @@ def add_local_reference(
     *,
     cache_dir: Path | None = None,
     progress: ProgressFactory | None = None,
+    shards: Mapping[str, Shard] | None = None,
 ) -> dict[str, Any]:
     """Attach the Local reference to a finished run's summary and rewrite its
     ``summary.json`` with it; return the new summary. ``progress(clients, rounds)`` is
-    entered while a reference trains (not for a cached one) and yields the callback."""
-    reference = local_reference(config, cache_dir=cache_dir, progress=progress)
+    entered while a reference trains (not for a cached one) and yields the callback;
+    ``shards``: the clients' shards, if the caller has them already."""
+    reference = local_reference(config, cache_dir=cache_dir, progress=progress, shards=shards)
     summary = with_reference(summary, reference)
     write_atomic(
         out / "summary.json", (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode()
