@@ -223,7 +223,7 @@ class ReferenceProgress:
         if self.live:
             self._bar = Progress(
                 TextColumn("local reference (each client alone)"),
-                BarColumn(),
+                BarColumn(bar_width=24),
                 MofNCompleteColumn(),
                 TextColumn("client-rounds ·"),
                 TimeElapsedColumn(),
