@@ -165,10 +165,13 @@ def run_dataset(
     pooled = report.aggregate_pooled(pooled_runs, settings)
     table_iii = [m for m in methods if m not in TABLE_IV[:2]]
     table_iv = [m for m in TABLE_IV if m in methods]
-    marks = {"split": split, "ordinal": ordinal}
     tables = {
-        "table_iii": report.markdown_table(rows, table_iii, settings, seeds, pooled, **marks),
-        "table_iv": report.markdown_table(rows, table_iv, settings, seeds, **marks),
+        "table_iii": report.markdown_table(
+            rows, table_iii, settings, seeds, pooled, split=split, ordinal=ordinal
+        ),
+        "table_iv": report.markdown_table(
+            rows, table_iv, settings, seeds, split=split, ordinal=ordinal
+        ),
     }
     plot = RESULTS / f"accuracy{tag}-{name}{'-quick' if quick else ''}.png"
     report.plot_convergence(results, methods, settings, plot, pooled, split=split)

@@ -32,7 +32,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -131,10 +131,17 @@ FEDERATIONS: dict[str, tuple[str, list[str], str, Loader]] = {
         one_room,
     ),
 }
-FULL = {"seeds": [0, 1, 2], "rooms": ["rounds=30"]}
+
+
+class Sizes(TypedDict):
+    seeds: list[int]  # the seeds each federation is run with
+    rooms: list[str]  # extra overrides for the federations of configs/fedapa-csi.toml
+
+
+FULL: Sizes = {"seeds": [0, 1, 2], "rooms": ["rounds=30"]}
+QUICK: Sizes = {"seeds": [0], "rooms": ["rounds=2", "data.samples_per_client=60", "data.window=16"]}
 #: BENCH_CROSSROOM_SPLITS: the data.split values to study (each federation under each)
 SPLITS = ("window", "session")
-QUICK = {"seeds": [0], "rooms": ["rounds=2", "data.samples_per_client=60", "data.window=16"]}
 
 
 def federate(config: RunConfig, shards: dict[str, Shard], method: str) -> dict[str, float]:
@@ -257,7 +264,7 @@ def run(quick: bool) -> dict[str, Any]:
             except FileNotFoundError as missing:
                 results[name] = {"note": note, "absent": f"data missing: {missing}"}
                 break
-            sizes_of = [int(len(s.y_train)) for s in shards.values()]
+            sizes_of = [len(s.y_train) for s in shards.values()]
             per_seed.append(study(config, shards))
         else:
             results[name] = {

@@ -25,6 +25,7 @@ rounds (``SHORT``) to fit the machine's time; the default job runs idle and load
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import resource
@@ -61,7 +62,7 @@ def _federation(out: Path) -> dict[str, Any]:
     started = [event_time(e) for e in events if e.get("event") == "run.started"]
     finished = [event_time(e) for e in events if e.get("event") == "run.finished"]
     closed = sorted(event_time(e) for e in events if e.get("event") == "round.closed")
-    gaps = [b - a for a, b in zip(closed, closed[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(closed)]
     return {
         "federation_s": round(finished[-1] - started[0], 1) if started and finished else None,
         "rounds": len(closed),

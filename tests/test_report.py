@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "configs/fedapa-csi.toml",
         "--out",
         str(out),
-        *sum((["--set", s] for s in overrides), []),
+        *functools.reduce(operator.iadd, (["--set", s] for s in overrides), []),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return out
@@ -69,5 +71,6 @@ def test_report_finds_runs_below_a_folder_and_defaults_its_output(tiny_run: Path
 def test_report_without_runs_is_one_clear_line(tmp_path: Path) -> None:
     result = mqttfl("report", str(tmp_path))
     assert result.returncode == 2
-    assert "no run directory" in result.stderr and str(tmp_path) in result.stderr
+    assert "no run directory" in result.stderr
+    assert str(tmp_path) in result.stderr
     assert "Traceback" not in result.stderr

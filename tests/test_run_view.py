@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from mqttfl.launch.progress import ReferenceProgress, RoundClock, round_line
+from mqttfl.monitor.progress import ReferenceProgress, RoundClock, round_line
 from mqttfl.monitor.view import FederationView
 from tests.faults import wait_for
 from tests.helpers import FAST, REPO, mqttfl
@@ -76,7 +76,8 @@ def test_run_piped_writes_one_line_per_round_and_no_log_records(tmp_path: Path) 
     events = (tmp_path / "run" / "logs" / "coordinator.jsonl").read_text()
     assert '"event": "round.closed"' in events
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["split"] == "session" and summary["ordinal_labels"] is True
+    assert summary["split"] == "session"
+    assert summary["ordinal_labels"] is True
 
 
 @pytest.mark.slow
@@ -143,5 +144,7 @@ def test_run_on_a_terminal_in_tmux(tmp_path: Path) -> None:
     # the view is drawn in place: one header, and no log record on the screen
     assert live.count("mqttfl watch · run") == 1
     assert final.count("mqttfl watch · run") <= 1
-    assert "round.closed" not in final and "[info" not in final
-    assert "federation " in final and "points over training alone" in final
+    assert "round.closed" not in final
+    assert "[info" not in final
+    assert "federation " in final
+    assert "points over training alone" in final

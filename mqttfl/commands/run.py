@@ -1,7 +1,7 @@
 """``mqttfl run``: a whole local federation (broker, coordinator, clients) and its table.
 
 On a terminal it draws the live view of `mqttfl watch` while the federation runs, then a
-progress bar for the Local reference (:mod:`mqttfl.launch.progress`); piped or with
+progress bar for the Local reference (:mod:`mqttfl.monitor.progress`); piped or with
 ``--plain`` it writes one line per round. The structlog records of every process go to
 ``<run>/logs/*.jsonl`` only; ``-v`` brings them back to the console (stderr).
 """
@@ -65,7 +65,7 @@ def add_run_command(subparsers: Any) -> None:
 def _monitor_factory(
     config: RunConfig, console: Console, live: bool
 ) -> Callable[[BrokerAddress, Credentials], AbstractContextManager[object]]:
-    from mqttfl.launch.progress import RunMonitor
+    from mqttfl.monitor.progress import RunMonitor
     from mqttfl.monitor.view import FederationView
 
     def monitor(address: BrokerAddress, credentials: Credentials) -> RunMonitor:
@@ -87,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from mqttfl.algorithms import check_models, make_context
     from mqttfl.evaluation.table import format_table
     from mqttfl.launch.local import LocalFederation, default_out_dir
-    from mqttfl.launch.progress import ReferenceProgress, console_for
+    from mqttfl.monitor.progress import ReferenceProgress, console_for
 
     config = load_config(args.config, args.overrides)
     make_context(config)  # fail on a bad [method] table before starting anything
@@ -132,7 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             summary = add_local_reference(
                 config, summary, out, progress=progress, shards=shards.result()
             )
-        except Exception as exc:  # noqa: BLE001 - the federation's own result still stands
+        except Exception as exc:
             get_logger().warning("reference.failed", error=f"{type(exc).__name__}: {exc}")
             sys.stdout.write(f"local reference failed ({type(exc).__name__}: {exc})\n")
     sys.stdout.write(format_table(summary) + f"\nrun directory: {out}\n")
@@ -154,7 +154,7 @@ class _ShardLoader:
 
         try:
             self._shards = client_shards(self._config)
-        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+        except BaseException as exc:
             self._error = exc
 
     def result(self) -> dict[str, Any]:

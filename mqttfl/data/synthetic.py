@@ -66,6 +66,7 @@ Everything is derived from numpy Generators: ``(seed, room)`` fixes the room,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -230,7 +231,9 @@ def _fold(x: np.ndarray, lo: float | np.ndarray, hi: float | np.ndarray) -> np.n
 
 
 def _complex_normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) / np.sqrt(2)
+    return cast(
+        "np.ndarray", (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) / np.sqrt(2)
+    )
 
 
 def _draw_sessions(rng: np.random.Generator, room: Room, n_sessions: int) -> dict[str, np.ndarray]:
@@ -290,7 +293,7 @@ def _segment_distance(p: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray
     """Distance from points p (..., 2) to the segment a-b (the LOS path)."""
     ab = b - a
     u = np.clip((p - a) @ ab / (ab @ ab), 0.0, 1.0)
-    return np.linalg.norm(p - (a + u[..., None] * ab), axis=-1)
+    return cast("np.ndarray", np.linalg.norm(p - (a + u[..., None] * ab), axis=-1))
 
 
 def _people_channel(room: Room, gain: np.ndarray, excess: np.ndarray) -> np.ndarray:
@@ -363,7 +366,7 @@ def _simulate(
     h = h * gain + np.float32(room.noise_std / np.sqrt(2)) * noise
     # scale by the empty room's typical level so values are O(1) in every room
     ref = float(np.median(np.abs(room.ripple * (1 + room.mp_gains @ steer))))
-    return np.abs(h) / np.float32(ref)
+    return cast("np.ndarray", np.abs(h) / np.float32(ref))
 
 
 def _stratified_split(
