@@ -213,7 +213,10 @@ def train_local_reference(
         return records
 
     threads = config.train.torch_threads
-    pool_size = workers or max(1, min(len(ids), (os.cpu_count() or 1) // threads))
+    # A thread per client, as the federation runs a process per client: beside other
+    # work the scheduler shares the cores per runnable thread, and two threads against a
+    # busy machine's many got a fifth of the cores (BENCHMARKS.md, "First contact").
+    pool_size = workers or len(ids)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)  # as each client process sets it
     pool = ThreadPoolExecutor(pool_size, thread_name_prefix="mqttfl-reference")
