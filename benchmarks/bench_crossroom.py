@@ -196,6 +196,9 @@ def study(config: RunConfig, shards: dict[str, Shard]) -> dict[str, Any]:
         log(
             f"  {name}: {np.mean(list(row[name].values())):.2f} ({time.perf_counter() - start:.0f} s)"
         )
+    if os.environ.get("BENCH_CROSSROOM_POOLED") == "0":  # a busy machine's reduced study
+        row["pooled_absent"] = "not run (BENCH_CROSSROOM_POOLED=0)"
+        return row
     torch.set_num_threads(2)
     pooled = pooled_reference(config, shards)
     if isinstance(pooled, str):

@@ -50,7 +50,8 @@ def test_the_reference_is_what_a_local_run_reports(tmp_path: Path, reference_cac
     assert reference["source"] == "trained"
     assert Path(reference["cache"]).parent == reference_cache / "local-reference"
     assert Path(reference["cache"]).is_file()
-    header = stdout.splitlines()[1].split()
+    # the table follows the run's progress lines
+    header = next(line.split() for line in stdout.splitlines() if line.split()[:1] == ["client"])
     assert header[:4] == ["client", "accuracy", "local", "gain"]
     for client, row in federated["clients"].items():
         gain = row["accuracy"] - reference["clients"][client]["accuracy"]
