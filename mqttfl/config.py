@@ -70,6 +70,10 @@ class DataConfig(_Table):
         "nexmon-vht80",
     ] = "per-room"
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    # How test windows are chosen: "window", a share of every recording session's windows
+    # (the papers' per-client 80/20); "session", whole sessions the client never trained
+    # on (a room recorded on some days and used on others). See mqttfl/data/sessions.py.
+    split: Literal["window", "session"] = "window"
     # shards: a directory holding client-{id}/ shard directories
     path: str = ""
     # image partitions

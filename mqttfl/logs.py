@@ -59,7 +59,10 @@ def configure_logging(
     console: TextIO | None = sys.stderr,
     console_level: str | None = None,
 ) -> None:
-    """Route structlog events to ``log_file`` (JSON lines) and ``console`` (pretty)."""
+    """Route structlog events to ``log_file`` (JSON lines) and ``console`` (pretty);
+    ``console_level="off"`` keeps the console free (`mqttfl run` draws its view there)."""
+    if console_level == "off":
+        console, console_level = None, None
     file = None
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)

@@ -50,7 +50,8 @@ def test_the_reference_is_what_a_local_run_reports(tmp_path: Path, reference_cac
     assert reference["source"] == "trained"
     assert Path(reference["cache"]).parent == reference_cache / "local-reference"
     assert Path(reference["cache"]).is_file()
-    header = stdout.splitlines()[1].split()
+    # the table follows the run's progress lines
+    header = next(line.split() for line in stdout.splitlines() if line.split()[:1] == ["client"])
     assert header[:4] == ["client", "accuracy", "local", "gain"]
     for client, row in federated["clients"].items():
         gain = row["accuracy"] - reference["clients"][client]["accuracy"]
@@ -179,3 +180,28 @@ def test_a_client_without_a_reference_shows_dashes() -> None:
     assert lines[3].split()[:4] == ["1", "0.2500", "-", "-"]
     assert lines[4].split()[:4] == ["mean", "0.3750", "0.4000", "+0.1000"]
     assert lines[6] == "local reference: trained in 3 s, could not be cached"
+
+
+def test_the_table_names_its_split_and_says_what_federation_bought() -> None:
+    local = {
+        "0": {"accuracy": 0.4, "f1": 0.2, "mae": 2.0},
+        "1": {"accuracy": 0.3, "f1": 0.2, "mae": 2.0},
+    }
+    reference = LocalReference(local, "k" * 64, "cached", Path("/cache/k.json"), 12.0)
+    summary = with_reference({**_summary(), "split": "session"}, reference)
+    lines = format_table(summary).splitlines()
+    assert "session split" in lines[0]
+    assert lines[-1] == (
+        "federation gained 2.5 points over training alone "
+        "(fedapa 37.5 % vs Local 35.0 %, session split); 1 of 2 clients gained"
+    )
+    window = format_table({**_summary(), "split": "window"}).splitlines()
+    assert "window split" in window[0]
+
+
+def test_mae_is_shown_only_for_count_labels() -> None:
+    activities = format_table({**_summary(), "ordinal_labels": False}).splitlines()
+    assert "MAE" not in activities[1]
+    assert activities[2].split() == ["0", "0.5000", "0.3000", "10.0", "20.0"]
+    counts = format_table({**_summary(), "ordinal_labels": True}).splitlines()
+    assert "MAE" in counts[1]

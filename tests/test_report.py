@@ -37,7 +37,9 @@ def test_report_renders_tables_and_plots_from_a_run(tiny_run: Path, tmp_path: Pa
     summary = json.loads((tiny_run / "summary.json").read_text())
     markdown = (out / "report.md").read_text()
     assert markdown == result.stdout.split("\nreport: ")[0]
-    method_row = next(line for line in markdown.splitlines() if line.startswith("| fedapa | 1 |"))
+    method_row = next(
+        line for line in markdown.splitlines() if line.startswith("| fedapa | session | 1 |")
+    )
     assert f"{summary['mean']['accuracy'] * 100:.2f} ± 0.00" in method_row
     assert f"{summary['comm']['up_bytes_per_client_round'] / 1000:.2f} ± 0.00" in method_row
     # `mqttfl run` put the Local reference into summary.json: Local and gain stand beside
@@ -75,7 +77,7 @@ def test_report_renders_tables_and_plots_from_a_run(tiny_run: Path, tmp_path: Pa
 def test_report_finds_runs_below_a_folder_and_defaults_its_output(tiny_run: Path) -> None:
     result = mqttfl("report", str(tiny_run.parent))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "| run | fedapa | 2 | 2 |" in result.stdout
+    assert "| run | fedapa | session | 2 | 2 |" in result.stdout
     assert (tiny_run.parent / "report" / "report.md").is_file()
 
 

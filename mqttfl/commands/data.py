@@ -18,6 +18,8 @@ from typing import Any, cast
 from mqttfl.data import shard_builder
 from mqttfl.data.capture import FORMATS, NEXMON_BANDWIDTHS, NEXMON_CHIPS
 from mqttfl.data.inspect import format_inspection, inspect_shard, parse_subcarriers, shard_dirs
+from mqttfl.data.labels import parse_classes
+from mqttfl.data.sessions import SPLITS
 from mqttfl.data.shard_builder import DEFAULT_WINDOW, GROUPINGS, prepare_shards
 from mqttfl.errors import MqttflError
 
@@ -52,10 +54,10 @@ def _subcarrier_arg(text: str) -> str | list[int] | None:
 
 
 def _classes_arg(text: str) -> list[str]:
-    items = [c.strip() for c in text.split(",") if c.strip()]
-    if not items or len(set(items)) != len(items):
-        raise argparse.ArgumentTypeError("expected distinct comma-separated class names")
-    return items
+    try:
+        return parse_classes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -78,6 +80,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             features=args.features,
             nexmon_chip=args.nexmon_chip,
             nexmon_bw=args.nexmon_bw,
+            split=args.split,
+            session=args.session,
             overwrite=args.force,
         )
     except ValueError as exc:  # a bad option value (label pattern, --features with a binary format)
@@ -174,7 +178,23 @@ def add_data_commands(subparsers: Any) -> argparse.ArgumentParser:
         "--classes",
         type=_classes_arg,
         default=None,
-        help="comma-separated class names fixing the label numbering across clients",
+        help="class names fixing the label numbering across clients: comma-separated "
+        "names, or integer ranges for counts (0..10, 0-10, 0..3,7)",
+    )
+    prep.add_argument(
+        "--split",
+        choices=SPLITS,
+        default="window",
+        help="'window': the last --test-fraction of every recording is test (default); "
+        "'session': whole sessions are test, sessions the client never trains on",
+    )
+    prep.add_argument(
+        "--session",
+        default="file",
+        metavar="SPEC",
+        help="what a recording session is: 'file' (each input file, default) or "
+        "'regex:PATTERN' (the group 'session', else group 1, of the pattern in the path, "
+        "e.g. 'regex:/(may|august)/')",
     )
     prep.add_argument(
         "--normalize",

@@ -37,6 +37,7 @@ from mqttfl.data.preprocess import (
     split_windows_by_time,
     window_starts,
 )
+from mqttfl.data.sessions import SPLITS, held_out_sessions
 from mqttfl.data.shard import Shard, read_json_file
 from mqttfl.errors import ConfigError, DataError
 
@@ -101,12 +102,18 @@ def espectre_shard(
     test_fraction: float = 0.2,
     normalize: bool = True,
     drop_pilots: bool = True,
+    split: str = "window",
 ) -> Shard:
     """Shard of ESPectre client ``client_id`` (chip ``ESPECTRE_CHIPS[client_id]``).
 
     ``x`` is float32 (n, window, 51) amplitude windows, ``y`` 0 = quiet, 1 = movement.
     Raises :class:`DataError` naming the missing root, file or a too-short recording.
+    ``split="session"``: every recording is a session, and whole recordings are held out
+    (:func:`~mqttfl.data.sessions.held_out_sessions`: of a chip's two recordings per
+    label, the later one); C3 keeps its ``test/`` recording as its test session.
     """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if not 0 <= int(client_id) < len(ESPECTRE_CHIPS):
         raise ConfigError(
             "client id", f"ESPectre has {len(ESPECTRE_CHIPS)} clients (0-4), got {client_id}"
@@ -127,6 +134,17 @@ def espectre_shard(
     y_tr: list[np.ndarray] = []
     x_te: list[np.ndarray] = []
     y_te: list[np.ndarray] = []
+    s_tr: list[np.ndarray] = []
+    s_te: list[np.ndarray] = []
+    # sessions: one per recording, in the order of their time stamps (file names)
+    labelled.sort(key=lambda r: r["path"].name.split("_", 1)[-1])
+    held: list[int] = []
+    if split == "session" and not heldout:
+        held = held_out_sessions(
+            np.arange(len(labelled)),
+            np.array([_LABELS[r["kind"]] for r in labelled]),
+            test_fraction,
+        )
     files: list[dict[str, Any]] = []
     selection = None
 
@@ -151,15 +169,19 @@ def espectre_shard(
             )
         return rows
 
-    split_fraction = 0.0 if heldout else test_fraction
-    for rec in labelled:
+    split_fraction = 0.0 if heldout or split == "session" else test_fraction
+    for session, rec in enumerate(labelled):
         rows = rows_of(rec)
         label = _LABELS[rec["kind"]]
         train, test = split_windows_by_time(len(rows), window, stride, split_fraction)
+        if session in held:
+            train, test = test, train  # the whole recording is a test session
         x_tr.append(gather_windows(rows, train, window))
         x_te.append(gather_windows(rows, test, window))
         y_tr.append(np.full(len(train), label, dtype=np.int64))
         y_te.append(np.full(len(test), label, dtype=np.int64))
+        s_tr.append(np.full(len(train), session, dtype=np.int64))
+        s_te.append(np.full(len(test), session, dtype=np.int64))
         files.append(
             {
                 "path": str(rec["path"]),
@@ -179,6 +201,7 @@ def espectre_shard(
             starts = window_starts(hi - lo, window, stride) + lo
             x_te.append(gather_windows(rows, starts, window))
             y_te.append(np.full(len(starts), label, dtype=np.int64))
+            s_te.append(np.full(len(starts), len(labelled), dtype=np.int64))
             per_label.append(len(starts))
         files.append(
             {
@@ -194,6 +217,7 @@ def espectre_shard(
 
     x_train, y_train = np.concatenate(x_tr), np.concatenate(y_tr)
     x_test, y_test = np.concatenate(x_te), np.concatenate(y_te)
+    sessions = [r["path"].stem for r in labelled] + [r["path"].stem for r in heldout]
     if len(x_train) == 0 or (test_fraction > 0 and len(x_test) == 0):
         raise DataError(
             root, f"chip {chip}: too few windows of {window} packets for a train/test split"
@@ -222,7 +246,11 @@ def espectre_shard(
         "source_files": [f["path"] for f in files],
         "files": files,
         "label_counts": {"train": label_counts(y_train), "test": label_counts(y_test)},
-        "split": {
+        "ordinal": False,
+        "sessions": sessions,
+        "split": _split_meta(split, heldout, held, sessions, test_fraction)
+        if split == "session"
+        else {
             "method": "held-out test recording" if heldout else "time",
             "test_fraction": 0.0 if heldout else test_fraction,
             "detail": (
@@ -243,4 +271,20 @@ def espectre_shard(
         x_test=x_test.astype(np.float32),
         y_test=y_test,
         meta=meta,
+        s_train=np.concatenate(s_tr),
+        s_test=np.concatenate(s_te),
     )
+
+
+def _split_meta(
+    split: str, heldout: list[dict[str, Any]], held: list[int], sessions: list[str], fraction: float
+) -> dict[str, Any]:
+    test = [sessions[i] for i in held] if not heldout else sessions[len(sessions) - 1 :]
+    return {
+        "method": "session",
+        "test_fraction": fraction,
+        "test_sessions": test,
+        "train_sessions": [name for name in sessions if name not in test],
+        "detail": "every recording is a session; whole recordings are held out for testing "
+        + ("(the test/ recording)" if heldout else "(per label, the later of the chip's two)"),
+    }

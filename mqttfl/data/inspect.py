@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from mqttfl.data.sessions import sessions_per_label
 from mqttfl.data.shard import META_FILE, load_shard
 from mqttfl.errors import DataError
 
@@ -63,8 +64,25 @@ def inspect_shard(directory: str | Path) -> dict[str, Any]:
             out[key] = int(c)
         return out
 
+    sessions: dict[str, Any] | None = None
+    if shard.s_train is not None and shard.s_test is not None:
+        names = shard.session_names
+        sessions = {
+            "train": {
+                _name(classes, k): v
+                for k, v in sessions_per_label(shard.s_train, shard.y_train, names).items()
+            },
+            "test": {
+                _name(classes, k): v
+                for k, v in sessions_per_label(shard.s_test, shard.y_test, names).items()
+            },
+        }
     return {
         "path": str(directory),
+        "split": (shard.meta.get("split") or {}).get("method", "time")
+        if isinstance(shard.meta.get("split"), dict)
+        else "time",
+        "sessions_per_label": sessions,
         "num_train": shard.num_train,
         "num_test": shard.num_test,
         "sample_shape": list(shard.sample_shape),
@@ -75,6 +93,11 @@ def inspect_shard(directory: str | Path) -> dict[str, Any]:
         "label_counts": {"train": named(shard.y_train), "test": named(shard.y_test)},
         "meta": shard.meta,
     }
+
+
+def _name(classes: list[str] | None, label: str) -> str:
+    index = int(label)
+    return classes[index] if classes and 0 <= index < len(classes) else label
 
 
 def shard_dirs(directory: Path) -> list[Path]:
@@ -99,6 +122,11 @@ def _short(value: Any, limit: int = 8) -> Any:
     return value
 
 
+def _short_names(names: list[str], limit: int = 4) -> list[str]:
+    shown = [Path(n).name for n in names[:limit]]
+    return shown + ([f"+{len(names) - limit} more"] if len(names) > limit else [])
+
+
 def format_inspection(summary: dict[str, Any]) -> str:
     meta = summary["meta"]
     lines = [
@@ -108,6 +136,15 @@ def format_inspection(summary: dict[str, Any]) -> str:
         f"  labels train: {summary['label_counts']['train']}",
         f"  labels test:  {summary['label_counts']['test']}",
     ]
+    lines.append(f"  split: {summary.get('split', 'time')}")
+    for part in ("train", "test"):
+        per_label = (summary.get("sessions_per_label") or {}).get(part)
+        if per_label:
+            lines.append(f"  sessions per label, {part}:")
+            lines.extend(
+                f"    {label}: {len(names)} ({', '.join(_short_names(names))})"
+                for label, names in per_label.items()
+            )
     for key in ("kind", "format", "dataset", "device", "window", "stride", "partition"):
         if key in meta:
             lines.append(f"  {key}: {meta[key]}")

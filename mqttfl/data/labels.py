@@ -163,6 +163,48 @@ def _label_function(spec: LabelSpec, classes: Sequence[str] | None) -> Callable[
     return lambda _path: spec
 
 
+def parse_classes(text: str) -> list[str]:
+    """``--classes``: comma-separated names or integer ranges, ``0..10`` and ``0-10``
+    inclusive (``0..3,7`` is 0, 1, 2, 3, 7). Raises ValueError on an empty range, an
+    empty list or a repeated class."""
+    items: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        match = re.fullmatch(r"(\d+)\s*(?:\.\.|-)\s*(\d+)", part)
+        if match:
+            lo, hi = int(match.group(1)), int(match.group(2))
+            if hi < lo:
+                raise ValueError(f"empty class range {part!r}")
+            items.extend(str(i) for i in range(lo, hi + 1))
+        else:
+            items.append(part)
+    if not items:
+        raise ValueError("expected class names or a range like 0..10")
+    repeated = sorted({c for c in items if items.count(c) > 1})
+    if repeated:
+        raise ValueError(f"classes repeat: {', '.join(repeated)}")
+    return items
+
+
+def describe_classes(classes: Sequence[str]) -> str:
+    """``0..10 (11 classes)`` for a run of integers, else the names."""
+    if len(classes) > 2 and labels_ordinal(classes):
+        return f"{classes[0]}..{classes[-1]} ({len(classes)} classes)"
+    return ", ".join(classes)
+
+
+def labels_ordinal(classes: Sequence[str] | None) -> bool:
+    """Whether labels are counts, so that an MAE means something: integer labels without
+    class names, or class names that are consecutive integers (``--classes 0..10``)."""
+    if classes is None:
+        return True
+    if not all(re.fullmatch(r"\d+", c) for c in classes):
+        return False
+    values = [int(c) for c in classes]
+    return values == list(range(values[0], values[0] + len(values)))
+
+
 def resolve_labels(
     spec: LabelSpec, paths: Sequence[Path], *, classes: Sequence[str] | None = None
 ) -> tuple[list[str], list[int], list[str] | None]:
@@ -181,7 +223,9 @@ def resolve_labels(
         for path, name in zip(paths, names, strict=True):
             if name not in index:
                 raise DataError(
-                    path, f"label {name!r} is not one of the classes {', '.join(class_list)}"
+                    path,
+                    f"label {name!r} is not one of the classes, which --classes gave as "
+                    f"{describe_classes(class_list)}",
                 )
             ys.append(index[name])
         return names, ys, class_list

@@ -24,6 +24,8 @@ from mqttfl.errors import DataError
 ARRAYS_FILE = "shard.npz"
 META_FILE = "meta.json"
 _ARRAY_KEYS = ("x_train", "y_train", "x_test", "y_test")
+#: optional: each window's recording session (an index into meta["sessions"])
+_SESSION_KEYS = ("s_train", "s_test")
 
 
 def _problem(x_train: Any, y_train: Any, x_test: Any, y_test: Any, meta: Any) -> str | None:
@@ -63,6 +65,8 @@ class Shard:
     ``x_*`` are float32, either (n, T, S) CSI amplitude windows (time x subcarrier)
     or (n, F) feature vectors; ``y_*`` are int64 class labels (people counts).
     ``meta`` is JSON-serialisable (source, device, window, subcarriers, ...).
+    ``s_*`` (optional, both or neither) are int64 session ids per window, indices into
+    ``meta["sessions"]`` (the recording each window was cut from).
     """
 
     x_train: np.ndarray
@@ -70,11 +74,29 @@ class Shard:
     x_test: np.ndarray
     y_test: np.ndarray
     meta: dict[str, Any]
+    s_train: np.ndarray | None = None
+    s_test: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         problem = _problem(self.x_train, self.y_train, self.x_test, self.y_test, self.meta)
+        problem = problem or _session_problem(self)
         if problem is not None:
             raise DataError("<memory>", problem)
+
+    @property
+    def has_sessions(self) -> bool:
+        return self.s_train is not None and self.s_test is not None
+
+    @property
+    def session_names(self) -> list[str]:
+        names = self.meta.get("sessions")
+        return [str(n) for n in names] if isinstance(names, list) else []
+
+    @property
+    def ordinal(self) -> bool:
+        """Whether labels are counts (ordered, so an MAE means something): the meta's
+        ``ordinal``, False when it does not say."""
+        return self.meta.get("ordinal") is True
 
     @property
     def num_train(self) -> int:
@@ -101,9 +123,28 @@ class Shard:
         return {int(c): int(n) for c, n in zip(labels, counts, strict=True)}
 
 
+def _session_problem(shard: Shard) -> str | None:
+    if (shard.s_train is None) != (shard.s_test is None):
+        return "s_train and s_test go together"
+    if shard.s_train is None or shard.s_test is None:
+        return None
+    names = shard.meta.get("sessions")
+    count = len(names) if isinstance(names, list) else 0
+    for name, s, y in (
+        ("train", shard.s_train, shard.y_train),
+        ("test", shard.s_test, shard.y_test),
+    ):
+        if not isinstance(s, np.ndarray) or s.dtype != np.int64 or s.shape != y.shape:
+            return f"s_{name} must be int64 with one session id per sample"
+        if s.size and (s.min() < 0 or s.max() >= count):
+            return f"s_{name} holds a session id outside meta['sessions'] ({count} sessions)"
+    return None
+
+
 def _write_arrays(shard: Shard, path: Path) -> None:
+    keys = _ARRAY_KEYS + (_SESSION_KEYS if shard.has_sessions else ())
     with open(path, "wb") as fh:
-        np.savez(fh, **{key: getattr(shard, key) for key in _ARRAY_KEYS})
+        np.savez(fh, **{key: getattr(shard, key) for key in keys})
         fh.flush()
         os.fsync(fh.fileno())
 
@@ -185,7 +226,8 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
             missing = [key for key in _ARRAY_KEYS if key not in npz.files]
             if missing:
                 raise DataError(path, f"missing arrays: {', '.join(missing)}")
-            return {key: npz[key] for key in _ARRAY_KEYS}
+            present = [key for key in _SESSION_KEYS if key in npz.files]
+            return {key: npz[key] for key in (*_ARRAY_KEYS, *present)}
     except DataError:
         raise
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
@@ -208,4 +250,7 @@ def load_shard(directory: Path) -> Shard:
     )
     if problem is not None:
         raise DataError(directory / ARRAYS_FILE, problem)
-    return Shard(**arrays, meta=meta)
+    try:
+        return Shard(**arrays, meta=meta)
+    except DataError as exc:  # the session ids
+        raise DataError(directory / ARRAYS_FILE, str(exc).removeprefix("<memory>: ")) from None

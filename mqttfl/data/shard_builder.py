@@ -13,6 +13,12 @@ no window leaks from train into test.  Recordings are grouped into clients:
 With more than one client, client ``i`` (in order of first input) goes to
 ``OUT/client-<i>/``, the layout the ``shards`` data source reads.
 
+With ``--split session`` whole recording sessions are test instead
+(:mod:`mqttfl.data.sessions`): a session is an input file (``--session file``, the
+default) or what a regex finds in its path (``--session 'regex:/(may|august)/'``), and
+no session is in both splits.  Either way every window carries its session id
+(``s_train``/``s_test`` in the shard, named in ``meta.json``'s ``sessions``).
+
 Labels (``--label``), one per recording, and how names become integers: see
 :mod:`mqttfl.data.labels`.
 
@@ -22,7 +28,7 @@ is moved into place only when complete, so a bad input leaves no output behind.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +37,7 @@ import numpy as np
 
 from mqttfl.data.capture import FORMATS, Capture, load_capture, read_features
 from mqttfl.data.capture_checks import check_paths
-from mqttfl.data.labels import LabelSpec, resolve_labels
+from mqttfl.data.labels import LabelSpec, labels_ordinal, resolve_labels
 from mqttfl.data.preprocess import (
     Normalizer,
     SubcarrierSelection,
@@ -39,6 +45,7 @@ from mqttfl.data.preprocess import (
     gather_windows,
     split_windows_by_time,
 )
+from mqttfl.data.sessions import SPLITS, held_out_sessions, session_function, split_meta
 from mqttfl.data.shard import Shard, replace_directory, save_shard
 from mqttfl.errors import DataError
 from mqttfl.paths import creation_problem
@@ -180,22 +187,49 @@ def _build_shard(
     client_index: int,
     num_clients: int,
     group_by: str,
+    split: str = "window",
+    session_of: Callable[[Path], str] | None = None,
 ) -> Shard:
     _check_client(recordings)
-    parts_train, parts_test, ys_train, ys_test, files = [], [], [], [], []
+    session_of = session_of or session_function("file")
+    sessions: list[str] = []
+    rec_session: list[int] = []
     for rec in recordings:
-        tr, te = _split_recording(
-            rec, features=features, window=window, stride=stride, test_fraction=test_fraction
+        name = session_of(rec.path)
+        if name not in sessions:
+            sessions.append(name)
+        rec_session.append(sessions.index(name))
+    held: list[int] = []
+    if split == "session":
+        if test_fraction <= 0:
+            raise ValueError("a session split needs a positive --test-fraction")
+        held = held_out_sessions(
+            np.array(rec_session), np.array([r.y for r in recordings]), test_fraction
         )
+    parts_train, parts_test, ys_train, ys_test, files = [], [], [], [], []
+    ss_train, ss_test = [], []
+    for rec, session in zip(recordings, rec_session, strict=True):
+        tr, te = _split_recording(
+            rec,
+            features=features,
+            window=window,
+            stride=stride,
+            test_fraction=0.0 if split == "session" else test_fraction,
+        )
+        if session in held:
+            tr, te = te, tr  # the whole recording is a test session
         parts_train.append(tr)
         parts_test.append(te)
         ys_train.append(np.full(len(tr), rec.y, dtype=np.int64))
         ys_test.append(np.full(len(te), rec.y, dtype=np.int64))
+        ss_train.append(np.full(len(tr), session, dtype=np.int64))
+        ss_test.append(np.full(len(te), session, dtype=np.int64))
         files.append(
             {
                 "path": str(rec.path),
                 "label": rec.label_name,
                 "y": rec.y,
+                "session": sessions[session],
                 "rows" if features else "packets": len(rec.rows),
                 "train": len(tr),
                 "test": len(te),
@@ -207,10 +241,18 @@ def _build_shard(
     x_test = np.concatenate(parts_test)
     y_train = np.concatenate(ys_train)
     y_test = np.concatenate(ys_test)
+    s_train = np.concatenate(ss_train)
+    s_test = np.concatenate(ss_test)
     names = ", ".join(str(r.path) for r in recordings)
     unit = "rows" if features else "windows"
     if len(x_train) == 0:
         raise DataError(names, f"no training {unit} (too few packets for a window of {window})")
+    if split == "session" and not held:
+        raise DataError(
+            names,
+            f"a session split needs a label recorded in two sessions or more; the sessions "
+            f"are {', '.join(sessions)} (use --session regex:PATTERN or more input files)",
+        )
     if test_fraction > 0 and len(x_test) == 0:
         raise DataError(
             names,
@@ -222,7 +264,7 @@ def _build_shard(
         norm = Normalizer.fit(x_train)
         x_train, x_test = norm.apply(x_train), norm.apply(x_test)
     order = np.random.default_rng(seed).permutation(len(x_train))
-    x_train, y_train = x_train[order], y_train[order]
+    x_train, y_train, s_train = x_train[order], y_train[order], s_train[order]
     first = recordings[0]
     meta: dict[str, Any] = {
         "kind": "features" if features else "csi-windows",
@@ -233,8 +275,18 @@ def _build_shard(
         "num_clients": num_clients,
         "group_by": group_by,
         "classes": classes,
+        "ordinal": labels_ordinal(classes),
         "label_counts": {"train": _counts(y_train), "test": _counts(y_test)},
-        "split": {
+        "sessions": sessions,
+        "split": split_meta(
+            np.array(rec_session),
+            np.array([r.y for r in recordings]),
+            held,
+            sessions,
+            test_fraction,
+        )
+        if split == "session"
+        else {
             "method": "time",
             "test_fraction": test_fraction,
             "detail": f"the last {unit} of each recording are test; none shares a packet with train",
@@ -268,6 +320,8 @@ def _build_shard(
         x_test=np.ascontiguousarray(x_test, dtype=np.float32),
         y_test=y_test,
         meta=_jsonable(meta),
+        s_train=s_train,
+        s_test=s_test,
     )
 
 
@@ -329,8 +383,13 @@ def build_shards(
     features: bool = False,
     nexmon_chip: str | None = None,
     nexmon_bw: int | None = None,
+    split: str = "window",
+    session: str = "file",
 ) -> list[Shard]:
     """Everything :func:`prepare_shards` does except writing: one Shard per client."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    session_of = session_function(session)
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
     if features and fmt not in ("npz", "csv"):
@@ -382,6 +441,8 @@ def build_shards(
             client_index=i,
             num_clients=len(groups),
             group_by=group,
+            split=split,
+            session_of=session_of,
         )
         for i, recs in enumerate(groups)
     ]

@@ -97,8 +97,44 @@ def load_client_shard(
         shard_dir=shard_dir,
     )
     if data.validation_fraction > 0:
+        if data.split == "session" and shard.has_sessions:
+            return session_validation_shard(shard, data.validation_fraction)
         return validation_shard(shard, data.validation_fraction, seed=seed, client_id=client_id)
     return shard
+
+
+def session_validation_shard(shard: Shard, fraction: float) -> Shard:
+    """The session split's validation: whole training sessions held out, as the test
+    sessions are (:func:`mqttfl.data.sessions.split_by_session`); the test split is
+    dropped unread."""
+    from mqttfl.data.sessions import split_by_session
+
+    assert shard.s_train is not None
+    s, y = shard.s_train, shard.y_train
+    # days recording every label (synthetic) hold out the latest; recordings, per label
+    by_label = shard.meta.get("source") != "synthetic"
+    train, held, sessions = split_by_session(s, y, fraction, by_label=by_label)
+    if not sessions:
+        raise DataError(
+            f"client {shard.meta.get('client_id', '?')}",
+            "too few training sessions to hold one out for validation",
+        )
+    names = shard.session_names
+    meta = {
+        **shard.meta,
+        "validation_fraction": fraction,
+        "scored_on": "validation",
+        "validation_sessions": [names[i] if i < len(names) else str(i) for i in sessions],
+    }
+    return Shard(
+        shard.x_train[train],
+        y[train],
+        shard.x_train[held],
+        y[held],
+        meta,
+        s_train=s[train],
+        s_test=s[held],
+    )
 
 
 def validation_shard(shard: Shard, fraction: float, *, seed: int, client_id: str) -> Shard:
@@ -134,7 +170,13 @@ def _source_shard(
     shard_dir: Path | None,
 ) -> Shard:
     if shard_dir is not None:
-        return load_shard(shard_dir)
+        return _checked_split(load_shard(shard_dir), data, shard_dir)
+    if data.split == "session" and data.source in ("digits", "mnist"):
+        raise ConfigError(
+            "data.split",
+            f"'session' needs recording sessions, and data.source {data.source!r} has none "
+            "(use 'window')",
+        )
     if data.source == "synthetic":
         from mqttfl.data.synthetic import make_room_shard
 
@@ -146,9 +188,11 @@ def _source_shard(
             num_classes=num_classes,
             test_fraction=data.test_fraction,
             device=data.device,
+            split=data.split,
         )
     if data.source == "shards":
-        return load_shard(shard_directory(data, client_id))
+        directory = shard_directory(data, client_id)
+        return _checked_split(load_shard(directory), data, directory)
     if data.source == "espectre":
         from mqttfl.data.espectre import espectre_shard
 
@@ -157,6 +201,7 @@ def _source_shard(
             root=shared_data_root(data) / "espectre",
             window=data.window,
             stride=data.stride,
+            split=data.split,
         )
     from mqttfl.data.images import image_shard
 
@@ -168,3 +213,42 @@ def _source_shard(
         seed=seed,
         **data.partition_params,
     )
+
+
+def shard_split(shard: Shard) -> str:
+    """How a shard's test windows were chosen: its meta's ``split.method``, where
+    ``time`` (the last windows of each recording) counts as a window split."""
+    split = shard.meta.get("split")
+    method = split.get("method") if isinstance(split, dict) else None
+    return "session" if method == "session" else "window"
+
+
+def _checked_split(shard: Shard, data: DataConfig, where: Path) -> Shard:
+    """A prepared shard was split when it was prepared: it must be split as the config
+    says, or every table would name the wrong split."""
+    split = shard_split(shard)
+    if split != data.split:
+        hint = "data prepare --split session --session ..." if data.split == "session" else ""
+        raise DataError(
+            where,
+            f"this shard has a {split} split, but data.split is {data.split!r}"
+            + (f" (prepare it with `{hint}`)" if hint else ""),
+        )
+    return shard
+
+
+def labels_are_ordinal(data: DataConfig) -> bool | None:
+    """Whether the source's labels are counts (an MAE means something); None when the
+    shards cannot be read here. Read from client 0's shard meta for ``shards``."""
+    if data.source == "synthetic":
+        return True
+    if data.source != "shards":
+        return False
+    import json
+
+    meta = Path(data.path) / "client-0" / "meta.json"
+    try:
+        value = json.loads(meta.read_text(encoding="utf-8")).get("ordinal")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value is True

@@ -78,6 +78,7 @@ def run_summary(
     config: RunConfig, state: RunState, records: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """summary.json: per-client metrics (last five rounds), traffic and every counter."""
+    from mqttfl.data.sources import labels_are_ordinal
     from mqttfl.engine.journal import mean_over_clients, summarize_clients
 
     table = summarize_clients(records)
@@ -86,6 +87,10 @@ def run_summary(
     return {
         "run_id": config.run_id,
         "method": config.method,
+        # which test windows produced these numbers (mqttfl/data/sessions.py)
+        "split": config.data.split,
+        # whether labels are counts: an MAE is shown only then (None: shards not readable here)
+        "ordinal_labels": labels_are_ordinal(config.data),
         "rounds_completed": state.round,
         "clients": table,
         "mean": mean_over_clients(table),

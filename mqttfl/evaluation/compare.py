@@ -31,6 +31,7 @@ from pathlib import Path
 from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.config import load_config
 from mqttfl.data.shapes import sample_shape_problem
+from mqttfl.data.sources import labels_are_ordinal
 from mqttfl.errors import MqttflError
 from mqttfl.evaluation.compare_entries import (
     SETTINGS,
@@ -84,6 +85,8 @@ def compare(plan: ComparePlan) -> int:
     1 if a run failed."""
     runs = check_plan(plan)
     methods, settings, seeds = plan.methods, plan.settings, plan.seeds
+    data = load_config(plan.config, plan.overrides).data
+    split, ordinal = data.split, labels_are_ordinal(data) is True
     out = plan.out
     out.mkdir(parents=True, exist_ok=True)
     configure_logging(out / "compare.jsonl", level="info", console_level="warning")
@@ -118,7 +121,8 @@ def compare(plan: ComparePlan) -> int:
             if result.absent
             else (
                 f"acc {result.metrics['accuracy']:.4f}  f1 {result.metrics['f1']:.4f}  "
-                f"mae {result.metrics['mae']:.3f}  {result.metrics['kb']:.1f} KB"
+                + (f"mae {result.metrics['mae']:.3f}  " if ordinal else "")
+                + f"{result.metrics['kb']:.1f} KB"
             )
         )
         took = "reused a finished run" if result.resumed else f"{seconds} s"
@@ -129,13 +133,17 @@ def compare(plan: ComparePlan) -> int:
     pooled_runs = [] if not plan.pooled else _run_pooled_references(plan)
     rows = aggregate(results, methods, settings)
     pooled = None if not plan.pooled else aggregate_pooled(pooled_runs, settings)
-    (out / "compare.md").write_text(markdown_table(rows, methods, settings, seeds, pooled))
+    (out / "compare.md").write_text(
+        markdown_table(rows, methods, settings, seeds, pooled, split=split, ordinal=ordinal)
+    )
     (out / "compare.json").write_text(
         json.dumps(
             {
                 "config": plan.config,
                 "overrides": plan.overrides,
                 "seeds": seeds,
+                "split": split,
+                "ordinal_labels": ordinal,
                 "settings": {
                     s: {"title": SETTINGS[s][0], "overrides": SETTINGS[s][1]} for s in settings
                 },
@@ -171,13 +179,14 @@ def compare(plan: ComparePlan) -> int:
         )
         + "\n"
     )
-    plot_convergence(results, methods, settings, out / "convergence.png", pooled)
+    plot_convergence(results, methods, settings, out / "convergence.png", pooled, split=split)
     sys.stdout.write((out / "compare.md").read_text() + f"results: {out}\n")
     return 1 if any(r.error for r in results) else 0
 
 
 def _run_pooled_references(plan: ComparePlan) -> list[PooledRun]:
     log = get_logger(client_id="compare")
+    ordinal = labels_are_ordinal(load_config(plan.config, plan.overrides).data) is True
     runs = []
     for setting in plan.settings:
         for seed in plan.seeds:
@@ -202,8 +211,8 @@ def _run_pooled_references(plan: ComparePlan) -> list[PooledRun]:
             status = (
                 f"absent: {run.absent}"
                 if run.absent
-                else f"acc {run.metrics['accuracy']:.4f}  f1 {run.metrics['f1']:.4f}  "
-                f"mae {run.metrics['mae']:.3f}"
+                else f"acc {run.metrics['accuracy']:.4f}  f1 {run.metrics['f1']:.4f}"
+                + (f"  mae {run.metrics['mae']:.3f}" if ordinal else "")
             )
             took = "reused" if run.resumed else f"{seconds} s"
             sys.stdout.write(f"[pooled] {setting:<5} seed {seed}: {status} ({took})\n")

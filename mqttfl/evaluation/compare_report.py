@@ -17,6 +17,7 @@ from mqttfl.evaluation.compare_entries import (
     pinned_model,
 )
 from mqttfl.evaluation.pooled import PooledRun
+from mqttfl.evaluation.table import SPLIT_TEXT
 
 
 def _mean_std(values: list[float]) -> dict[str, float]:
@@ -97,11 +98,16 @@ def markdown_table(
     settings: list[str],
     seeds: list[int],
     pooled: list[dict[str, Any]] | None = None,
+    *,
+    split: str = "window",
+    ordinal: bool = True,
 ) -> str:
     """Table III's layout: one row per method, Acc./F1/MAE (and KB) per setting, then the
-    pooled reference row (from :func:`aggregate_pooled`) when given."""
+    pooled reference row (from :func:`aggregate_pooled`) when given. The MAE column only
+    where labels are counts (``ordinal``); the intro names the ``split``."""
     by_key = {(r["method"], r["setting"]): r for r in rows}
-    columns = ("Acc. (%)", "F1 (%)", "MAE", "KB")
+    metrics = [k for k in METRICS if ordinal or k != "mae"]
+    columns = ("Acc. (%)", "F1 (%)", "MAE", "KB") if ordinal else ("Acc. (%)", "F1 (%)", "KB")
     head = ["Method"] + [f"{SETTINGS[s][0]}: {c}" for s in settings for c in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes = []
@@ -111,23 +117,24 @@ def markdown_table(
         for setting in settings:
             row = by_key[(method, setting)]
             if row.get("absent") and not row["runs"]:
-                cells += ["absent"] * len(METRICS)
+                cells += ["absent"] * len(metrics)
                 notes.append(f"{method} is absent in {SETTINGS[setting][0]}: {row['absent']}.")
             else:
-                cells += [_cell(row, k) for k in METRICS]
+                cells += [_cell(row, k) for k in metrics]
         lines.append("| " + " | ".join(cells) + " |")
         if method in REQUIRED_MODEL:
             notes.append(f"\\* {method} needs model `{model}` and runs with it in every setting.")
         elif model:
             notes.append(f"\\* {method} runs model `{model}` in every setting.")
     if pooled is not None:
-        lines.append(_pooled_line(pooled, settings))
+        lines.append(_pooled_line(pooled, settings, ordinal))
         notes += _pooled_notes(pooled, settings)
     if "local" in methods:
         notes.append("local: every client trains alone (the lower bound).")
     elif pooled is not None:
         notes.append("No local row: add `local` to --methods for the lower bound.")
     intro = (
+        f"{SPLIT_TEXT.get(split, f'{split} split').capitalize()}. "
         f"Mean ± std over seeds {', '.join(map(str, seeds))}; each run's metrics are the mean over "
         "clients of their last five rounds. KB: uploaded plus downloaded per client-round.\n"
     )
@@ -138,15 +145,16 @@ def _absent(row: dict[str, Any]) -> bool:
     return not row.get("runs")
 
 
-def _pooled_line(pooled: list[dict[str, Any]], settings: list[str]) -> str:
+def _pooled_line(pooled: list[dict[str, Any]], settings: list[str], ordinal: bool = True) -> str:
     by_setting = {r["setting"]: r for r in pooled}
+    metrics = [k for k in POOLED_METRICS if ordinal or k != "mae"]
     cells = ["pooled †"]
     for setting in settings:
         row = by_setting.get(setting, {})
         if _absent(row):
-            cells += ["absent"] * 3 + ["-"]
+            cells += ["absent"] * len(metrics) + ["-"]
         else:
-            cells += [_cell(row, k) for k in POOLED_METRICS] + ["-"]
+            cells += [_cell(row, k) for k in metrics] + ["-"]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -172,6 +180,8 @@ def plot_convergence(
     settings: list[str],
     path: Path,
     pooled: list[dict[str, Any]] | None = None,
+    *,
+    split: str = "window",
 ) -> None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -191,7 +201,7 @@ def plot_convergence(
         reference = next((r for r in pooled or [] if r["setting"] == setting and r["runs"]), None)
         if reference is not None:
             ax.axhline(reference["accuracy"]["mean"], color="black", ls="--", lw=1, label="pooled")
-        ax.set_title(SETTINGS[setting][0])
+        ax.set_title(f"{SETTINGS[setting][0]} ({split} split)")
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("mean client accuracy")

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from mqttfl.errors import MqttflError
+from mqttfl.evaluation.table import run_split, shows_mae
 from mqttfl.wire.ids import client_order
 
 METRICS = ("accuracy", "f1", "mae")
@@ -94,14 +95,15 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 def method_rows(runs: list[RunData]) -> list[dict[str, Any]]:
     """Per method: mean ± std over its runs of accuracy, F1, MAE and KB per client-round."""
-    by_method: dict[str, list[RunData]] = defaultdict(list)
+    by_method: dict[tuple[str, str], list[RunData]] = defaultdict(list)
     for run in runs:
-        by_method[run.method].append(run)
+        by_method[(run.method, run_split(run.summary))].append(run)
     rows = []
-    for method, members in by_method.items():
-        row: dict[str, Any] = {"method": method, "runs": len(members)}
+    for (method, split), members in by_method.items():
+        row: dict[str, Any] = {"method": method, "split": split, "runs": len(members)}
         for key in METRICS:
             row[key] = _mean_std([float(r.summary["mean"][key]) for r in members])
+        row["shows_mae"] = all(shows_mae(r.summary) for r in members)
         for direction in ("up", "down"):
             row[f"kb_{direction}"] = _mean_std(
                 [
@@ -127,46 +129,54 @@ def render_markdown(runs: list[RunData], rows: list[dict[str, Any]]) -> str:
         "",
         "## Methods",
         "",
-        "| method | runs | Acc. (%) | F1 (%) | MAE | KB up | KB down |",
-        "|---|---|---|---|---|---|---|",
+        "| method | split | runs | Acc. (%) | F1 (%) | MAE | KB up | KB down |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
+        mae = _pm(row["mae"], digits=3) if row["shows_mae"] else "-"
         lines.append(
-            f"| {row['method']} | {row['runs']} | {_pm(row['accuracy'], 100)} | {_pm(row['f1'], 100)} | "
-            f"{_pm(row['mae'], digits=3)} | {_pm(row['kb_up'])} | {_pm(row['kb_down'])} |"
+            f"| {row['method']} | {row['split']} | {row['runs']} | {_pm(row['accuracy'], 100)} | "
+            f"{_pm(row['f1'], 100)} | {mae} | {_pm(row['kb_up'])} | {_pm(row['kb_down'])} |"
         )
     lines += [
         "",
         "## Runs",
         "",
-        "| run | method | rounds | clients | Acc. (%) | Local (%) | gain (pp) | F1 (%) | MAE | "
-        "KB up | KB down | rejected |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "MAE only where labels are counts. Split: window (test windows from the sessions a "
+        "client trained on) or session (test sessions it never trained on). Local: each "
+        "client trained alone; gain: accuracy - Local.",
+        "",
+        "| run | method | split | rounds | clients | Acc. (%) | Local (%) | gain (pp) | F1 (%) | "
+        "MAE | KB up | KB down | rejected |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         mean, comm = run.summary["mean"], run.summary["comm"]
         rejected = sum(run.summary.get("rejections", {}).values())
         local, gain = _reference_cells(run.summary, None)
+        mae = f"{mean['mae']:.3f}" if shows_mae(run.summary) else "-"
         lines.append(
-            f"| {run.label} | {run.method} | {run.summary.get('rounds_completed', '?')} | "
+            f"| {run.label} | {run.method} | {run_split(run.summary)} | "
+            f"{run.summary.get('rounds_completed', '?')} | "
             f"{len(run.summary.get('clients', {}))} | {mean['accuracy'] * 100:.2f} | {local} | "
             f"{gain} | {mean['f1'] * 100:.2f} | "
-            f"{mean['mae']:.3f} | {comm['up_bytes_per_client_round'] / 1000:.2f} | "
+            f"{mae} | {comm['up_bytes_per_client_round'] / 1000:.2f} | "
             f"{comm['down_bytes_per_client_round'] / 1000:.2f} | {rejected} |"
         )
     for run in runs:
         lines += [
             "",
-            f"### {run.label} ({run.method}): per client",
+            f"### {run.label} ({run.method}, {run_split(run.summary)} split): per client",
             "",
             "| client | Acc. (%) | Local (%) | gain (pp) | F1 (%) | MAE | KB sent | KB received |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for client, row in run.summary.get("clients", {}).items():
             local, gain = _reference_cells(run.summary, client)
+            mae = f"{row['mae']:.3f}" if shows_mae(run.summary) else "-"
             lines.append(
                 f"| {client} | {row['accuracy'] * 100:.2f} | {local} | {gain} | "
-                f"{row['f1'] * 100:.2f} | {row['mae']:.3f} | "
+                f"{row['f1'] * 100:.2f} | {mae} | "
                 f"{row['kb_sent']:.1f} | {row['kb_received']:.1f} |"
             )
     lines += [
@@ -297,6 +307,7 @@ def write_report(paths: list[Path], out: Path) -> Path:
                     {
                         "path": str(r.path),
                         "method": r.method,
+                        "split": run_split(r.summary),
                         "mean": r.summary["mean"],
                         "comm": r.summary["comm"],
                         "clients": r.summary.get("clients", {}),

@@ -1,8 +1,36 @@
-"""The result table that ends a run: per client, the mean, and the Local reference."""
+"""The result table that ends a run: per client, the mean, and the Local reference.
+
+Every table names the split that produced it (``summary["split"]``: window or session,
+:mod:`mqttfl.data.sessions`) and shows an MAE only where labels are counts
+(``summary["ordinal_labels"]``). With a Local reference, one line says what federation
+bought: the mean gain over training alone.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+SPLIT_TEXT = {
+    "window": "window split (test windows from sessions the client trained on)",
+    "session": "session split (test sessions the client never trained on)",
+}
+
+
+def run_split(summary: dict[str, Any]) -> str:
+    """The split a summary's numbers come from (older summaries: their config's, else window)."""
+    split = summary.get("split")
+    if isinstance(split, str):
+        return split
+    config = summary.get("config")
+    data = config.get("data") if isinstance(config, dict) else None
+    found = data.get("split") if isinstance(data, dict) else None
+    return found if isinstance(found, str) else "window"
+
+
+def shows_mae(summary: dict[str, Any]) -> bool:
+    """An MAE means something only for counts; summaries from before ``ordinal_labels``
+    keep theirs."""
+    return summary.get("ordinal_labels", True) is True
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -10,24 +38,29 @@ def format_table(summary: dict[str, Any]) -> str:
     ``local_reference`` (:mod:`mqttfl.evaluation.reference`), each client's accuracy trained alone
     (``local``) and the difference (``gain``) stand beside its accuracy."""
     reference = summary.get("local_reference")
+    mae = shows_mae(summary)
+    split = run_split(summary)
     lines = [
-        f"{summary['method']} on run {summary['run_id']}: {summary['rounds_completed']} rounds "
-        "(means over the last 5 rounds)",
+        f"{summary['method']} on run {summary['run_id']}: {summary['rounds_completed']} rounds, "
+        f"{SPLIT_TEXT.get(split, f'{split} split')}; means over the last 5 rounds",
         f"{'client':>8} {'accuracy':>9}"
         + (f" {'local':>9} {'gain':>9}" if reference else "")
-        + f" {'macro-F1':>9} {'MAE':>7} {'KB sent':>10} {'KB recv':>10}",
+        + f" {'macro-F1':>9}"
+        + (f" {'MAE':>7}" if mae else "")
+        + f" {'KB sent':>10} {'KB recv':>10}",
     ]
     for client, row in summary["clients"].items():
         lines.append(
             f"{client:>8} {row['accuracy']:>9.4f}{_reference_cells(reference, client)} "
-            f"{row['f1']:>9.4f} {row['mae']:>7.3f} "
-            f"{row['kb_sent']:>10.1f} {row['kb_received']:>10.1f}"
+            f"{row['f1']:>9.4f}"
+            + (f" {row['mae']:>7.3f}" if mae else "")
+            + f" {row['kb_sent']:>10.1f} {row['kb_received']:>10.1f}"
         )
     mean = summary["mean"]
     comm = summary["comm"]
     lines.append(
         f"{'mean':>8} {mean['accuracy']:>9.4f}{_reference_cells(reference, None)} "
-        f"{mean['f1']:>9.4f} {mean['mae']:>7.3f}"
+        f"{mean['f1']:>9.4f}" + (f" {mean['mae']:>7.3f}" if mae else "")
     )
     if reference:
         lines.append(_reference_note(reference))
@@ -37,7 +70,30 @@ def format_table(summary: dict[str, Any]) -> str:
     )
     if summary.get("rejections"):
         lines.append(f"rejected uploads: {summary['rejections']}")
+    if reference:
+        verdict = federation_verdict(summary)
+        if verdict:
+            lines.append(verdict)
     return "\n".join(lines)
+
+
+def federation_verdict(summary: dict[str, Any]) -> str | None:
+    """One line: what federation bought over training alone, on this split."""
+    reference = summary.get("local_reference") or {}
+    gains = reference.get("gain", {}).get("clients", {})
+    mean_gain = reference.get("gain", {}).get("mean")
+    if not gains or mean_gain is None:
+        return None
+    local = [reference["clients"][c]["accuracy"] for c in gains]
+    federated = [summary["clients"][c]["accuracy"] for c in gains]
+    won = sum(1 for g in gains.values() if g > 0)
+    fed_mean, local_mean = sum(federated) / len(federated), sum(local) / len(local)
+    word = "gained" if mean_gain > 0 else "lost" if mean_gain < 0 else "changed"
+    return (
+        f"federation {word} {abs(mean_gain) * 100:.1f} points over training alone "
+        f"({summary['method']} {fed_mean * 100:.1f} % vs Local {local_mean * 100:.1f} %, "
+        f"{run_split(summary)} split); {won} of {len(gains)} clients gained"
+    )
 
 
 def _reference_cells(reference: dict[str, Any] | None, client: str | None) -> str:

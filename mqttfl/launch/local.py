@@ -18,19 +18,27 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mqttfl.config import RunConfig
 from mqttfl.errors import MqttflError
 from mqttfl.logs import get_logger
+from mqttfl.provisioning.broker_init import WATCH
 from mqttfl.provisioning.local_broker import LocalBroker, free_port
 from mqttfl.wire.control import COORDINATOR
 
+if TYPE_CHECKING:
+    from mqttfl.bus.transport import BrokerAddress, Credentials
+
+#: ``monitor(broker, credentials)``: entered while the federation runs
+MonitorFactory = Callable[["BrokerAddress", "Credentials"], AbstractContextManager[object]]
+#: thread pools a child would size to the machine: OpenMP (torch), OpenBLAS (numpy), MKL
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 CHILD_GRACE_S = 30.0
 POLL_S = 0.2
 
@@ -69,7 +77,9 @@ class LocalFederation:
         broker_url: str | None = None,
         *,
         coordinator_console: str = "info",
+        client_console: str = "warning",
         fleets: int | None = None,
+        monitor: MonitorFactory | None = None,
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -77,6 +87,9 @@ class LocalFederation:
         self.out_dir = out_dir
         self.broker_url = broker_url
         self.coordinator_console = coordinator_console
+        self.client_console = client_console
+        # entered while the federation runs: the live view (mqttfl.monitor.progress)
+        self.monitor = monitor
         self.fleets = fleets  # None: one process per client
         self.credentials_dir: Path | None = None  # the local broker's <id>.env files
         self.broker: LocalBroker | None = None
@@ -101,7 +114,7 @@ class LocalFederation:
         ids = [str(index) for index in range(self.config.federation.num_clients)]
         work = self.out_dir / "broker"
         setup = init_broker(work, ids, run_id=self.config.run_id, port=free_port(), force=True)
-        self.credentials = {name: setup.env(name) for name in (COORDINATOR, *ids)}
+        self.credentials = {name: setup.env(name) for name in (COORDINATOR, WATCH, *ids)}
         self.credentials_dir = setup.env_file(COORDINATOR).parent
         # Kept before start(): a signal during the start still stops it in shutdown().
         self.broker = LocalBroker(work, port=setup.port, conf=setup.conf.read_text())
@@ -111,6 +124,10 @@ class LocalFederation:
 
     def _spawn(self, name: str, cmd: list[str], console_level: str, identity: str) -> None:
         env = {
+            # Each child trains with train.torch_threads (1) threads: OpenMP and BLAS pools
+            # sized to the machine would, beside five more processes, spin for cores
+            # the others hold (BENCHMARKS.md, "A busy machine"). A user's setting wins.
+            **dict.fromkeys(THREAD_VARIABLES, str(self.config.train.torch_threads)),
             **os.environ,
             **self.credentials.get(identity, {}),
             "MQTTFL_PARENT_PID": str(os.getpid()),
@@ -127,7 +144,7 @@ class LocalFederation:
             self._command(
                 "client", "--id", client_id, "--state-dir", str(self.out_dir / "clients")
             ),
-            "warning",
+            self.client_console,
             client_id,
         )
 
@@ -145,7 +162,7 @@ class LocalFederation:
         ]
         if self.credentials_dir is not None:
             extra += ["--credentials-dir", str(self.credentials_dir)]
-        self._spawn(f"fleet-{index}", self._command("fleet", *extra), "warning", "")
+        self._spawn(f"fleet-{index}", self._command("fleet", *extra), self.client_console, "")
 
     def _start_clients(self) -> None:
         ids = [str(index) for index in range(self.config.federation.num_clients)]
@@ -188,7 +205,8 @@ class LocalFederation:
                 COORDINATOR,
             )
             self._start_clients()
-            code = self._wait_coordinator()
+            with self._monitor():
+                code = self._wait_coordinator()
             if code != 0:
                 raise MqttflError(
                     f"the coordinator failed (exit {code}); see {self.out_dir / 'logs'}"
@@ -198,6 +216,23 @@ class LocalFederation:
             return summary
         finally:
             self.shutdown()
+
+    def _monitor(self) -> AbstractContextManager[object]:
+        if self.monitor is None or self.broker_url is None:
+            return nullcontext()
+        from mqttfl.bus.transport import BrokerAddress, Credentials
+
+        env = self.credentials.get(WATCH)
+        if env is None:  # a broker of the user's (--broker): the config's identity
+            b = self.config.broker
+            who = Credentials(b.username, b.password, b.tls_ca, b.tls_cert, b.tls_key)
+        else:
+            who = Credentials(
+                env.get("MQTTFL_BROKER__USERNAME"),
+                env.get("MQTTFL_BROKER__PASSWORD"),
+                env.get("MQTTFL_BROKER__TLS_CA"),
+            )
+        return self.monitor(BrokerAddress.parse(self.broker_url), who)
 
     def _wait_coordinator(self) -> int:
         """The coordinator's exit code; raise MqttflError if the clients are all gone.
