@@ -73,7 +73,8 @@ class Seen:
     def error(self) -> str:
         """The one error line (asserting that there is exactly one, and no traceback)."""
         found = self.errors()
-        assert len(found) == 1 and "Traceback" not in self.text, self.text[-3000:]
+        assert len(found) == 1, self.text[-3000:]
+        assert "Traceback" not in self.text, self.text[-3000:]
         return found[0]
 
     @property
@@ -196,8 +197,23 @@ def deployment() -> Iterator[Deployment]:
     wants_three.write_text(f'run_id = "{RUN}"\n[federation]\nnum_clients = 3\n')
     setup = work / "broker-setup"
     init = subprocess.run(
-        [sys.executable, "-m", "mqttfl", "broker", "init", "--clients", "2", "--run-id", RUN]
-        + ["--port", str(free_port()), "--config", str(wants_three), "--out", str(setup)],
+        [
+            sys.executable,
+            "-m",
+            "mqttfl",
+            "broker",
+            "init",
+            "--clients",
+            "2",
+            "--run-id",
+            RUN,
+            "--port",
+            str(free_port()),
+            "--config",
+            str(wants_three),
+            "--out",
+            str(setup),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -267,7 +283,8 @@ def test_a_wrong_password_names_the_refusal_the_user_and_the_credentials(
     line = seen.error()
     assert seen.rc == 2
     assert "refused user '0': not authorized (MQTT reason code 135)" in line
-    assert "MQTTFL_BROKER__PASSWORD" in line and "credentials/0.env" in line
+    assert "MQTTFL_BROKER__PASSWORD" in line
+    assert "credentials/0.env" in line
     assert seen.within(AT_ONCE_S), seen.text[-2000:]
     assert "could not connect" not in seen.text  # no 10 s retry blamed on the network
 
@@ -287,7 +304,8 @@ def test_a_device_with_another_ids_credentials_stops_before_reporting(played: De
     assert seen.rc == 2
     assert f"client '2' (user '0') may not publish to mqttfl/{RUN}/status/2" in line
     assert "MQTT reason code 135" in line
-    assert "round.evaluated" not in seen.text and "run.finished" not in seen.text
+    assert "round.evaluated" not in seen.text
+    assert "run.finished" not in seen.text
     assert seen.within(AT_ONCE_S)
 
 
@@ -296,8 +314,10 @@ def test_a_second_coordinator_stops_and_never_disturbs_the_first(played: Deploym
     line = second.error()
     assert second.rc == 2
     assert f"run '{RUN}' already has a live coordinator (pid {first.proc.pid}" in line
-    assert second.seconds <= 60 and second.within(AT_ONCE_S)
-    assert "broker.disconnected" not in first.text and "Session taken over" not in first.text
+    assert second.seconds <= 60
+    assert second.within(AT_ONCE_S)
+    assert "broker.disconnected" not in first.text
+    assert "Session taken over" not in first.text
     assert first.rc == 0, first.text[-3000:]
 
 
@@ -326,14 +346,18 @@ def test_the_deployment_ends_with_the_result_table_and_a_report_with_local(
 def test_join_lines_and_the_join_timeout_name_the_missing_ids(played: Deployment) -> None:
     text = played.seen["coordinator"].text
     joined = next(line for line in text.splitlines() if "clients.joined" in line)
-    assert "all_joined=False" in joined and "missing=[" in joined and "'2'" in joined
+    assert "all_joined=False" in joined
+    assert "missing=[" in joined
+    assert "'2'" in joined
     online = [line for line in text.splitlines() if "client.online" in line]
-    assert online and all("waiting_for=[" in line and "'2'" in line for line in online)
+    assert online
+    assert all("waiting_for=[" in line and "'2'" in line for line in online)
 
 
 def test_broker_init_warns_when_its_ids_miss_the_configs_clients(played: Deployment) -> None:
     warning = played.init.stderr
-    assert "federation.num_clients = 3" in warning and "without a login (2)" in warning
+    assert "federation.num_clients = 3" in warning
+    assert "without a login (2)" in warning
     assert "--clients 3" in warning
 
 
@@ -341,7 +365,8 @@ def test_a_broker_url_without_a_scheme_is_taken_as_mqtt_and_says_so(played: Depl
     seen = played.seen["client-1"]
     bare = played.url.removeprefix("mqtt://")
     assert f"mqttfl: note: --broker '{bare}' has no scheme: taken as {played.url}" in seen.text
-    assert seen.rc == 0 and "run.finished" in seen.text
+    assert seen.rc == 0
+    assert "run.finished" in seen.text
 
 
 def test_a_finished_run_id_used_again_says_when_and_how_to_start_afresh(
@@ -354,7 +379,8 @@ def test_a_finished_run_id_used_again_says_when_and_how_to_start_afresh(
         assert re.search(
             rf"run '{RUN}' already finished at \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC", line
         )
-        assert "--set run_id=NEW" in line and "--clear-run" in line
+        assert "--set run_id=NEW" in line
+        assert "--clear-run" in line
         assert seen.within(AT_ONCE_S)
 
 
@@ -383,7 +409,8 @@ def test_defaults_land_where_help_says_and_mosquitto_does_not_run_as_root(
         assert played.broker.process is not None
         status = Path(f"/proc/{played.broker.process.pid}/status").read_text()
         uid = re.search(r"^Uid:\s+(\d+)", status, re.M)
-        assert uid and uid.group(1) != "0"
+        assert uid
+        assert uid.group(1) != "0"
     helptext = subprocess.run(
         [sys.executable, "-m", "mqttfl", "client", "--help"],
         capture_output=True,
@@ -391,4 +418,5 @@ def test_defaults_land_where_help_says_and_mosquitto_does_not_run_as_root(
         timeout=60,
         cwd=REPO,
     ).stdout
-    assert "./logs/client-<id>.jsonl" in helptext and "./client-state" in helptext
+    assert "./logs/client-<id>.jsonl" in helptext
+    assert "./client-state" in helptext
