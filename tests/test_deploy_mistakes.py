@@ -58,6 +58,7 @@ class Seen:
     log: Path
     began: float = field(default_factory=time.time)
     ended: float = 0.0
+    said: float = 0.0  # when its error line appeared (polled every 0.1 s)
 
     @property
     def text(self) -> str:
@@ -81,19 +82,31 @@ class Seen:
     def seconds(self) -> float:
         return round(self.ended - self.began, 1)
 
-    @property
-    def after_ready(self) -> float | None:
-        """Seconds from its first log line to its exit (None: it logged nothing)."""
+    def ready(self) -> float | None:
+        """When it logged its first line (ready to talk to the broker), or None."""
         first = STAMP.search(self.text)
         if first is None:
             return None
-        ready = datetime.fromisoformat(first.group(1) + "+00:00").timestamp()
-        return round(self.ended - ready, 1)
+        return datetime.fromisoformat(first.group(1) + "+00:00").timestamp()
+
+    @property
+    def after_ready(self) -> float | None:
+        """Seconds from its first log line to its exit (None: it logged nothing)."""
+        ready = self.ready()
+        return None if ready is None else round(self.ended - ready, 1)
+
+    @property
+    def line_after_ready(self) -> float | None:
+        """Seconds from its first log line to its error line."""
+        ready = self.ready()
+        return None if ready is None or not self.said else round(self.said - ready, 1)
 
     def within(self, bound: float) -> bool:
-        after = self.after_ready
+        """Its error line, and its exit, came within ``bound`` s of its first log line."""
+        after, line = self.after_ready, self.line_after_ready
         assert after is not None, f"{self.name} logged nothing: {self.text[-2000:]}"
-        return after <= bound
+        assert line is not None, f"{self.name} printed no error line: {self.text[-2000:]}"
+        return max(after, line) <= bound
 
 
 @dataclass
@@ -166,7 +179,11 @@ def wait(*seen: Seen, timeout: float) -> None:
     pending = list(seen)
     while pending:
         for one in list(pending):
+            if not one.said and "mqttfl: error:" in one.text:
+                one.said = time.time()
             if one.rc is not None:
+                if not one.said and "mqttfl: error:" in one.text:
+                    one.said = time.time()
                 one.ended = time.time()
                 pending.remove(one)
         if pending and time.time() > deadline:
@@ -268,6 +285,8 @@ def played(deployment: Deployment) -> Deployment:
             "rc": s.rc,
             "seconds": s.seconds,
             "after_ready": s.after_ready,
+            "line_after_ready": s.line_after_ready,
+            "line_after_start": round(s.said - s.began, 1) if s.said else None,
             "line": (s.errors() or [""])[0],
         }
         for name, s in d.seen.items()
