@@ -20,6 +20,7 @@ from mqttfl.config import load_config
 from mqttfl.errors import ConfigError, MqttflError
 from mqttfl.provisioning.broker_init import BrokerSetup, client_ids, init_broker, read_env_file
 from mqttfl.provisioning.local_broker import LocalBroker, free_port
+from mqttfl.wire.control import RunStatus
 from tests.faults import RUN_ID, Federation
 from tests.helpers import mqttfl
 
@@ -291,18 +292,26 @@ def test_the_watch_identity_reads_the_run_but_cannot_publish(
 
 
 def test_mqttfl_watch_connects_with_the_watch_credentials_over_tls(
-    setup: BrokerSetup, secure_broker: LocalBroker
+    setup: BrokerSetup, secure_broker: LocalBroker, tmp_path: Path
 ) -> None:
-    result = mqttfl(
-        "watch",
-        "--broker",
-        setup.url,
-        "--run",
-        RUN_ID,
-        "--once",
-        env=setup.env("watch"),
-        timeout=60,
-    )
+    # A run the broker holds something of (a run that holds nothing is an error of its own).
+    state = tmp_path / "state"
+    state.write_bytes(RunStatus("waiting", 0).encode(RUN_ID))
+    retained = [*_as(setup, "coordinator"), "-q", "1", "-r", "-t", f"{BASE}/state", "-V", "mqttv5"]
+    subprocess.run(["mosquitto_pub", *retained, "-f", str(state)], check=True, timeout=20)
+    try:
+        result = mqttfl(
+            "watch",
+            "--broker",
+            setup.url,
+            "--run",
+            RUN_ID,
+            "--once",
+            env=setup.env("watch"),
+            timeout=60,
+        )
+    finally:
+        subprocess.run(["mosquitto_pub", *retained, "-n"], check=True, timeout=20)
     assert result.returncode == 0, result.stderr
     assert f"run {RUN_ID} · broker connected" in result.stdout
 

@@ -58,6 +58,7 @@ class Seen:
     log: Path
     began: float = field(default_factory=time.time)
     ended: float = 0.0
+    said: float = 0.0  # when its error line appeared (polled every 0.1 s)
 
     @property
     def text(self) -> str:
@@ -73,26 +74,39 @@ class Seen:
     def error(self) -> str:
         """The one error line (asserting that there is exactly one, and no traceback)."""
         found = self.errors()
-        assert len(found) == 1 and "Traceback" not in self.text, self.text[-3000:]
+        assert len(found) == 1, self.text[-3000:]
+        assert "Traceback" not in self.text, self.text[-3000:]
         return found[0]
 
     @property
     def seconds(self) -> float:
         return round(self.ended - self.began, 1)
 
-    @property
-    def after_ready(self) -> float | None:
-        """Seconds from its first log line to its exit (None: it logged nothing)."""
+    def ready(self) -> float | None:
+        """When it logged its first line (ready to talk to the broker), or None."""
         first = STAMP.search(self.text)
         if first is None:
             return None
-        ready = datetime.fromisoformat(first.group(1) + "+00:00").timestamp()
-        return round(self.ended - ready, 1)
+        return datetime.fromisoformat(first.group(1) + "+00:00").timestamp()
+
+    @property
+    def after_ready(self) -> float | None:
+        """Seconds from its first log line to its exit (None: it logged nothing)."""
+        ready = self.ready()
+        return None if ready is None else round(self.ended - ready, 1)
+
+    @property
+    def line_after_ready(self) -> float | None:
+        """Seconds from its first log line to its error line."""
+        ready = self.ready()
+        return None if ready is None or not self.said else round(self.said - ready, 1)
 
     def within(self, bound: float) -> bool:
-        after = self.after_ready
+        """Its error line, and its exit, came within ``bound`` s of its first log line."""
+        after, line = self.after_ready, self.line_after_ready
         assert after is not None, f"{self.name} logged nothing: {self.text[-2000:]}"
-        return after <= bound
+        assert line is not None, f"{self.name} printed no error line: {self.text[-2000:]}"
+        return max(after, line) <= bound
 
 
 @dataclass
@@ -165,7 +179,11 @@ def wait(*seen: Seen, timeout: float) -> None:
     pending = list(seen)
     while pending:
         for one in list(pending):
+            if not one.said and "mqttfl: error:" in one.text:
+                one.said = time.time()
             if one.rc is not None:
+                if not one.said and "mqttfl: error:" in one.text:
+                    one.said = time.time()
                 one.ended = time.time()
                 pending.remove(one)
         if pending and time.time() > deadline:
@@ -196,8 +214,23 @@ def deployment() -> Iterator[Deployment]:
     wants_three.write_text(f'run_id = "{RUN}"\n[federation]\nnum_clients = 3\n')
     setup = work / "broker-setup"
     init = subprocess.run(
-        [sys.executable, "-m", "mqttfl", "broker", "init", "--clients", "2", "--run-id", RUN]
-        + ["--port", str(free_port()), "--config", str(wants_three), "--out", str(setup)],
+        [
+            sys.executable,
+            "-m",
+            "mqttfl",
+            "broker",
+            "init",
+            "--clients",
+            "2",
+            "--run-id",
+            RUN,
+            "--port",
+            str(free_port()),
+            "--config",
+            str(wants_three),
+            "--out",
+            str(setup),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -252,6 +285,8 @@ def played(deployment: Deployment) -> Deployment:
             "rc": s.rc,
             "seconds": s.seconds,
             "after_ready": s.after_ready,
+            "line_after_ready": s.line_after_ready,
+            "line_after_start": round(s.said - s.began, 1) if s.said else None,
             "line": (s.errors() or [""])[0],
         }
         for name, s in d.seen.items()
@@ -267,7 +302,8 @@ def test_a_wrong_password_names_the_refusal_the_user_and_the_credentials(
     line = seen.error()
     assert seen.rc == 2
     assert "refused user '0': not authorized (MQTT reason code 135)" in line
-    assert "MQTTFL_BROKER__PASSWORD" in line and "credentials/0.env" in line
+    assert "MQTTFL_BROKER__PASSWORD" in line
+    assert "credentials/0.env" in line
     assert seen.within(AT_ONCE_S), seen.text[-2000:]
     assert "could not connect" not in seen.text  # no 10 s retry blamed on the network
 
@@ -287,7 +323,8 @@ def test_a_device_with_another_ids_credentials_stops_before_reporting(played: De
     assert seen.rc == 2
     assert f"client '2' (user '0') may not publish to mqttfl/{RUN}/status/2" in line
     assert "MQTT reason code 135" in line
-    assert "round.evaluated" not in seen.text and "run.finished" not in seen.text
+    assert "round.evaluated" not in seen.text
+    assert "run.finished" not in seen.text
     assert seen.within(AT_ONCE_S)
 
 
@@ -296,8 +333,10 @@ def test_a_second_coordinator_stops_and_never_disturbs_the_first(played: Deploym
     line = second.error()
     assert second.rc == 2
     assert f"run '{RUN}' already has a live coordinator (pid {first.proc.pid}" in line
-    assert second.seconds <= 60 and second.within(AT_ONCE_S)
-    assert "broker.disconnected" not in first.text and "Session taken over" not in first.text
+    assert second.seconds <= 60
+    assert second.within(AT_ONCE_S)
+    assert "broker.disconnected" not in first.text
+    assert "Session taken over" not in first.text
     assert first.rc == 0, first.text[-3000:]
 
 
@@ -326,14 +365,18 @@ def test_the_deployment_ends_with_the_result_table_and_a_report_with_local(
 def test_join_lines_and_the_join_timeout_name_the_missing_ids(played: Deployment) -> None:
     text = played.seen["coordinator"].text
     joined = next(line for line in text.splitlines() if "clients.joined" in line)
-    assert "all_joined=False" in joined and "missing=[" in joined and "'2'" in joined
+    assert "all_joined=False" in joined
+    assert "missing=[" in joined
+    assert "'2'" in joined
     online = [line for line in text.splitlines() if "client.online" in line]
-    assert online and all("waiting_for=[" in line and "'2'" in line for line in online)
+    assert online
+    assert all("waiting_for=[" in line and "'2'" in line for line in online)
 
 
 def test_broker_init_warns_when_its_ids_miss_the_configs_clients(played: Deployment) -> None:
     warning = played.init.stderr
-    assert "federation.num_clients = 3" in warning and "without a login (2)" in warning
+    assert "federation.num_clients = 3" in warning
+    assert "without a login (2)" in warning
     assert "--clients 3" in warning
 
 
@@ -341,7 +384,8 @@ def test_a_broker_url_without_a_scheme_is_taken_as_mqtt_and_says_so(played: Depl
     seen = played.seen["client-1"]
     bare = played.url.removeprefix("mqtt://")
     assert f"mqttfl: note: --broker '{bare}' has no scheme: taken as {played.url}" in seen.text
-    assert seen.rc == 0 and "run.finished" in seen.text
+    assert seen.rc == 0
+    assert "run.finished" in seen.text
 
 
 def test_a_finished_run_id_used_again_says_when_and_how_to_start_afresh(
@@ -354,7 +398,8 @@ def test_a_finished_run_id_used_again_says_when_and_how_to_start_afresh(
         assert re.search(
             rf"run '{RUN}' already finished at \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC", line
         )
-        assert "--set run_id=NEW" in line and "--clear-run" in line
+        assert "--set run_id=NEW" in line
+        assert "--clear-run" in line
         assert seen.within(AT_ONCE_S)
 
 
@@ -383,7 +428,8 @@ def test_defaults_land_where_help_says_and_mosquitto_does_not_run_as_root(
         assert played.broker.process is not None
         status = Path(f"/proc/{played.broker.process.pid}/status").read_text()
         uid = re.search(r"^Uid:\s+(\d+)", status, re.M)
-        assert uid and uid.group(1) != "0"
+        assert uid
+        assert uid.group(1) != "0"
     helptext = subprocess.run(
         [sys.executable, "-m", "mqttfl", "client", "--help"],
         capture_output=True,
@@ -391,4 +437,5 @@ def test_defaults_land_where_help_says_and_mosquitto_does_not_run_as_root(
         timeout=60,
         cwd=REPO,
     ).stdout
-    assert "./logs/client-<id>.jsonl" in helptext and "./client-state" in helptext
+    assert "./logs/client-<id>.jsonl" in helptext
+    assert "./client-state" in helptext

@@ -210,7 +210,7 @@ class Bus:
         clean = not self.persistent_session or (self.fresh_session and self.connections == 0)
         session: dict[str, Any] = {"clean_session": clean}
         if self.protocol is aiomqtt.ProtocolVersion.V5:
-            properties = Properties(PacketTypes.CONNECT)
+            properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             properties.SessionExpiryInterval = 0 if clean else NEVER_EXPIRES
             session = {"clean_start": clean, "properties": properties}
         client = aiomqtt.Client(

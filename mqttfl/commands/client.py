@@ -68,7 +68,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         )
     except MqttflError:
         raise
-    except Exception as exc:  # noqa: BLE001 - another model's saved state: one line
+    except Exception as exc:
         saved = (
             sorted(str(p) for p in args.state_dir.glob(f"*{args.id}*"))
             if args.state_dir.is_dir()

@@ -94,6 +94,6 @@ def _print_table(config: RunConfig, summary: dict[str, Any], out: Path, *, train
     if config.method != "local":
         try:
             summary = add_local_reference(config, summary, out, train=train)
-        except Exception as exc:  # noqa: BLE001 - the federation's own result still stands
+        except Exception as exc:
             get_logger().warning("reference.failed", error=f"{type(exc).__name__}: {exc}")
     sys.stdout.write(format_table(summary) + f"\nrun directory: {out}\n")

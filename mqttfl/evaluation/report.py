@@ -193,10 +193,10 @@ def render_markdown(runs: list[RunData], rows: list[dict[str, Any]]) -> str:
 
 def _reference_cells(summary: dict[str, Any], client: str | None) -> tuple[str, str]:
     """Local accuracy (%) and gain (percentage points) of a client, or of the mean
-    (``None``), where the summary holds a Local reference; "–" where it does not."""
+    (``None``), where the summary holds a Local reference; "-" where it does not."""
     reference = summary.get("local_reference")
     if not isinstance(reference, dict):
-        return "–", "–"
+        return "-", "-"
     if client is None:
         local = reference.get("mean", {}).get("accuracy")
         gain = reference.get("gain", {}).get("mean")
@@ -204,7 +204,7 @@ def _reference_cells(summary: dict[str, Any], client: str | None) -> tuple[str, 
         local = reference.get("clients", {}).get(client, {}).get("accuracy")
         gain = reference.get("gain", {}).get("clients", {}).get(client)
     if local is None or gain is None:
-        return "–", "–"
+        return "-", "-"
     return f"{local * 100:.2f}", f"{gain * 100:+.2f}"
 
 
