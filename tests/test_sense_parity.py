@@ -17,7 +17,7 @@ import torch
 from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.config import RunConfig
 from mqttfl.data.shard import load_shard
-from mqttfl.nodes.client_state import Progress, StateFile
+from mqttfl.nodes.client_state import Progress, StateFile, state_path
 from mqttfl.nodes.device import build_client_side
 from tests._shared_data import require_shared
 from tests.sensing_helpers import last_metrics, run_and_export, sense
@@ -49,7 +49,8 @@ def _torch_scores(run: Path, export: Path, client: str) -> np.ndarray:
     algorithm = get_algorithm(config.method)
     method = build_client_side(config, algorithm, make_context(config), client, shard)
     progress = Progress()
-    assert StateFile(run / "clients" / f"client-{client}.pt").load(method.model, method, progress)
+    state = state_path(run / "clients", config.run_id, client)
+    assert StateFile(state).load(method.model, method, progress)
     module = method.evaluation_model(progress.applied_round).eval()
     x = shard.x_test
     with torch.no_grad():

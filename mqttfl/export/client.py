@@ -141,7 +141,7 @@ def export_client(
     from mqttfl.algorithms import get_algorithm, make_context
     from mqttfl.config import RunConfig
     from mqttfl.data.sources import load_client_shard
-    from mqttfl.nodes.client_state import Progress, StateFile
+    from mqttfl.nodes.client_state import Progress, StateFile, state_path
     from mqttfl.nodes.device import build_client_side
 
     run_dir = Path(run_dir)
@@ -150,13 +150,16 @@ def export_client(
     known = run_clients(summary)
     if known and client_id not in known:
         raise MqttflError(f"--client {client_id}: run {run_dir} has clients {', '.join(known)}")
-    state_path = run_dir / "clients" / f"client-{client_id}.pt"
-    if not state_path.is_file():
-        raise DataError(state_path, "client state file not found")
     try:
         config = RunConfig.model_validate(summary["config"])
     except Exception as exc:
         raise DataError(run_dir / "summary.json", f"its config does not load: {exc}") from None
+    # A client keeps one state file per run id; runs from before that kept one per client.
+    state_file = state_path(run_dir / "clients", config.run_id, client_id)
+    if not state_file.is_file() and (run_dir / "clients" / f"client-{client_id}.pt").is_file():
+        state_file = run_dir / "clients" / f"client-{client_id}.pt"
+    if not state_file.is_file():
+        raise DataError(state_file, "client state file not found")
     shard = load_client_shard(
         config.data,
         client_id,
@@ -169,7 +172,7 @@ def export_client(
     algorithm = get_algorithm(config.method)
     method = build_client_side(config, algorithm, make_context(config), client_id, shard)
     progress = Progress()
-    StateFile(state_path).load(method.model, method, progress)
+    StateFile(state_file).load(method.model, method, progress)
     module = method.evaluation_model(progress.applied_round).eval()
 
     out = Path(out)
