@@ -259,7 +259,8 @@ def run(quick: bool) -> dict[str, Any]:
         extra = [*extra, f"data.split={split}"]
         per_seed = []
         start = time.perf_counter()
-        for seed in sizes["seeds"]:
+        seeds = os.environ.get("BENCH_CROSSROOM_SEEDS")
+        for seed in [int(x) for x in seeds.split(",")] if seeds else sizes["seeds"]:
             log(f"{name}, seed {seed}")
             config = load_config(path, [*overrides, *extra, f"seed={seed}"])
             try:
