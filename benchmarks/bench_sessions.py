@@ -150,6 +150,7 @@ def intel5300_shards(config: RunConfig, split: str) -> list[dict[str, Shard]]:
     federations = []
     for month in MONTHS:
         other = MONTHS[1 - MONTHS.index(month)]
+        tested = other if split == "session" else month
         shards: dict[str, Shard] = {}
         for k in range(3):
             parts: dict[str, list[np.ndarray]] = {"xtr": [], "ytr": [], "xte": [], "yte": []}
@@ -165,12 +166,11 @@ def intel5300_shards(config: RunConfig, split: str) -> list[dict[str, Shard]]:
                 parts["xte"].append(test)
                 parts["yte"].append(np.full(len(test), label))
             shards[str(k)] = _zscore_shard(
-                *(np.concatenate(parts[key]) for key in ("xtr", "ytr", "xte", "yte")),
-                {
-                    "source": "intel5300",
-                    "trained": month,
-                    "tested": other if split == "session" else month,
-                },
+                np.concatenate(parts["xtr"]),
+                np.concatenate(parts["ytr"]),
+                np.concatenate(parts["xte"]),
+                np.concatenate(parts["yte"]),
+                {"source": "intel5300", "trained": month, "tested": tested},
             )
         federations.append(shards)
     return federations
