@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import time
 from typing import Any
 
@@ -101,20 +102,31 @@ def espectre_missing() -> str | None:
     return None if root.is_dir() else f"no ESPectre recordings at {root}"
 
 
-def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) -> dict[str, Any]:
-    from mqttfl import compare_entries as entries
-    from mqttfl import compare_report as report
+def run_dataset(
+    name: str,
+    quick: bool,
+    methods: list[str],
+    seeds: list[int],
+    split: str = "window",
+    settings_only: list[str] | None = None,
+    extra: list[str] | None = None,
+) -> dict[str, Any]:
     from mqttfl.config import load_config
+    from mqttfl.evaluation import compare_entries as entries
+    from mqttfl.evaluation import compare_report as report
     from mqttfl.evaluation.pooled import PooledRun, run_pooled
 
     config, settings, full, small = DATASETS[name]
-    base = [*COMMON, *(small if quick else full)]
+    settings = [s for s in settings if not settings_only or s in settings_only]
+    base = [*COMMON, *(small if quick else full), f"data.split={split}", *(extra or [])]
+    tag = "" if split == "window" else f"-{split}"
+    ordinal = load_config(config, base).data.source == "synthetic"
     results = []
     began = time.monotonic()
     plan = [(s, m, seed) for s in settings for m in methods for seed in seeds]
     recipe = fedali_recipe(config, base)
     for index, (setting, method, seed) in enumerate(plan, start=1):
-        out = WORK / "accuracy" / name / setting / method / f"seed-{seed}"
+        out = WORK / f"accuracy{tag}" / name / setting / method / f"seed-{seed}"
         overrides = entries.run_overrides(base, setting, method, seed)
         if method == FEDAVG_ON_FEDALI:
             overrides += recipe
@@ -140,7 +152,9 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
                 config,
                 entries.pooled_overrides(base, setting, seed),
                 PooledRun(
-                    setting, seed, WORK / "accuracy" / name / setting / "pooled" / f"seed-{seed}"
+                    setting,
+                    seed,
+                    WORK / f"accuracy{tag}" / name / setting / "pooled" / f"seed-{seed}",
                 ),
                 resume=True,
             )
@@ -152,13 +166,18 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
     table_iii = [m for m in methods if m not in TABLE_IV[:2]]
     table_iv = [m for m in TABLE_IV if m in methods]
     tables = {
-        "table_iii": report.markdown_table(rows, table_iii, settings, seeds, pooled),
-        "table_iv": report.markdown_table(rows, table_iv, settings, seeds),
+        "table_iii": report.markdown_table(
+            rows, table_iii, settings, seeds, pooled, split=split, ordinal=ordinal
+        ),
+        "table_iv": report.markdown_table(
+            rows, table_iv, settings, seeds, split=split, ordinal=ordinal
+        ),
     }
-    plot = RESULTS / f"accuracy-{name}{'-quick' if quick else ''}.png"
-    report.plot_convergence(results, methods, settings, plot, pooled)
+    plot = RESULTS / f"accuracy{tag}-{name}{'-quick' if quick else ''}.png"
+    report.plot_convergence(results, methods, settings, plot, pooled, split=split)
     return {
         "config": config,
+        "split": split,
         "settings": settings,
         "overrides": base,
         "seeds": seeds,
@@ -196,11 +215,19 @@ def run_dataset(name: str, quick: bool, methods: list[str], seeds: list[int]) ->
 
 
 def run(
-    quick: bool, datasets: list[str] | None = None, seeds: list[int] | None = None
+    quick: bool,
+    datasets: list[str] | None = None,
+    seeds: list[int] | None = None,
+    *,
+    split: str = "window",
+    methods: list[str] | None = None,
+    settings: list[str] | None = None,
+    extra: list[str] | None = None,
 ) -> dict[str, Any]:
     from mqttfl.algorithms import algorithm_names
 
-    methods = [*algorithm_names(), FEDAVG_ON_FEDALI]
+    methods = methods or [*algorithm_names(), FEDAVG_ON_FEDALI]
+    tag = "" if split == "window" else f"-{split}"
     seeds = seeds or ([0] if quick else [0, 1, 2])
     began = time.monotonic()
     out: dict[str, Any] = {}
@@ -209,7 +236,7 @@ def run(
             log(f"accuracy espectre skipped: {why}")
             out[name] = {"skipped": why}
             continue
-        out[name] = run_dataset(name, quick, methods, seeds)
+        out[name] = run_dataset(name, quick, methods, seeds, split, settings, extra)
     lines = []
     for name, data in out.items():
         if "tables" in data:
@@ -226,8 +253,10 @@ def run(
         else:
             lines += [f"## {name}", "", data.get("skipped", ""), ""]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"accuracy{'-quick' if quick else ''}.md").write_text("\n".join(lines))
+    (RESULTS / f"accuracy{tag}{'-quick' if quick else ''}.md").write_text("\n".join(lines))
     return {
+        "split": split,
+        "extra_overrides": extra or [],
         "what": "Table III (data- and model-heterogeneous) and Table IV (aggregation ablations) equivalents: "
         "mean ± std over seeds of each run's last-5-round mean over clients",
         "methods": methods,
@@ -245,19 +274,40 @@ def main() -> None:
     # Every method's seed 0 first, then 0-1, ...: finished runs are reused, so a sitting
     # cut short still leaves each method with the same seeds.
     parser.add_argument("--seeds", help="comma-separated seeds (default 0,1,2; --quick 0)")
+    parser.add_argument(
+        "--split",
+        choices=("window", "session"),
+        default="window",
+        help="data.split of every run: the papers' window split, or whole test sessions "
+        "(results in accuracy-session.*)",
+    )
+    parser.add_argument("--methods", help="comma-separated subset of the methods (default all)")
+    parser.add_argument("--settings", help="comma-separated subset of the settings (data,model)")
+    parser.add_argument(
+        "--set", dest="extra", action="append", default=[], help="one more override, KEY=VALUE"
+    )
     args = parser.parse_args()
     os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
     datasets = args.datasets.split(",") if args.datasets else None
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else None
-    result = run(args.quick, datasets, seeds)
+    result = run(
+        args.quick,
+        datasets,
+        seeds,
+        split=args.split,
+        methods=args.methods.split(",") if args.methods else None,
+        settings=args.settings.split(",") if args.settings else None,
+        extra=args.extra,
+    )
+    tag = "" if args.split == "window" else f"-{args.split}"
     path = write_result(
-        "accuracy",
+        f"accuracy{tag}",
         result,
         quick=args.quick,
-        command=f"python -m benchmarks.bench_accuracy{' --quick' if args.quick else ''}",
+        command="python -m benchmarks.bench_accuracy" + "".join(f" {a}" for a in sys.argv[1:]),
     )
     log(f"wrote {path}")
-    print((RESULTS / f"accuracy{'-quick' if args.quick else ''}.md").read_text())
+    print((RESULTS / f"accuracy{tag}{'-quick' if args.quick else ''}.md").read_text())
 
 
 if __name__ == "__main__":

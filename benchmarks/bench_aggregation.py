@@ -31,7 +31,8 @@ GOAL_S = 0.200  # at N=1000
 
 
 def make_uploads(n: int, seed: int = 0) -> list[Any]:
-    from mqttfl.algorithms.base import ClientInfo, Upload
+    from mqttfl.algorithms.base import Upload
+    from mqttfl.wire.schemas import ClientInfo
 
     rng = np.random.default_rng(seed)
     uploads = []
@@ -74,7 +75,8 @@ def measure(quick: bool) -> list[dict[str, Any]]:
         uploads = make_uploads(n)
         protos, mask = stack_uploads(uploads, CLASSES, DIM)
         downlinks = server.aggregate(1, uploads)
-        assert len(downlinks.personal) == n and downlinks.personal["0"]["q"].shape == (CLASSES, DIM)
+        assert len(downlinks.personal) == n
+        assert downlinks.personal["0"]["q"].shape == (CLASSES, DIM)
         full_wall, full_cpu = _time(lambda uploads=uploads: server.aggregate(1, uploads), repeats)
         core_wall, core_cpu = _time(
             lambda protos=protos, mask=mask: aggregate_prototypes(protos, mask, tau=ctx.params.tau),
@@ -112,7 +114,7 @@ def _child(quick: bool, threads: int | None) -> list[dict[str, Any]]:
     out = subprocess.run(
         cmd, env=env, capture_output=True, text=True, check=True, cwd=REPO, timeout=1800
     )
-    return json.loads(out.stdout)  # type: ignore[no-any-return]
+    return json.loads(out.stdout)
 
 
 def run(quick: bool) -> dict[str, Any]:

@@ -106,7 +106,7 @@ def run(quick: bool, methods: list[str] | None = None) -> dict[str, Any]:
 
     rounds = 2 if quick else 3
     required = _required_model()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for method in methods or algorithm_names():
         arch = required.get(method, "large")
         overrides = [
@@ -121,7 +121,7 @@ def run(quick: bool, methods: list[str] | None = None) -> dict[str, Any]:
             overrides += [f"model.name={arch}", "model.per_client=[]"]
         try:
             result = run_federation(CONFIG, overrides, WORK / f"bytes-{method}", sniff=True)
-        except Exception as exc:  # noqa: BLE001 - one failing method must not hide the others
+        except Exception as exc:
             log(f"bytes {method}: failed: {exc}")
             rows.append({"method": method, "error": str(exc)})
             continue

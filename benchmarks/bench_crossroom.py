@@ -32,7 +32,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -67,6 +67,10 @@ def intel5300_sessions(config: RunConfig) -> dict[str, Shard]:
         group_by="dir",
         classes=["brushteeth", "washingdishes"],
         normalize=True,
+        # session split: each recording (file) is a session; per activity the latest of a
+        # month's three is the test session
+        split=config.data.split,
+        session="file",
     )
     return {str(i): shard for i, shard in enumerate(shards)}
 
@@ -86,6 +90,7 @@ def one_room(config: RunConfig) -> dict[str, Shard]:
             num_classes=config.model.num_classes,
             test_fraction=data.test_fraction,
             device=data.device,
+            split=data.split,
         )
         for i in range(config.federation.num_clients)
     }
@@ -126,8 +131,17 @@ FEDERATIONS: dict[str, tuple[str, list[str], str, Loader]] = {
         one_room,
     ),
 }
-FULL = {"seeds": [0, 1, 2], "rooms": ["rounds=30"]}
-QUICK = {"seeds": [0], "rooms": ["rounds=2", "data.samples_per_client=60", "data.window=16"]}
+
+
+class Sizes(TypedDict):
+    seeds: list[int]  # the seeds each federation is run with
+    rooms: list[str]  # extra overrides for the federations of configs/fedapa-csi.toml
+
+
+FULL: Sizes = {"seeds": [0, 1, 2], "rooms": ["rounds=30"]}
+QUICK: Sizes = {"seeds": [0], "rooms": ["rounds=2", "data.samples_per_client=60", "data.window=16"]}
+#: BENCH_CROSSROOM_SPLITS: the data.split values to study (each federation under each)
+SPLITS = ("window", "session")
 
 
 def federate(config: RunConfig, shards: dict[str, Shard], method: str) -> dict[str, float]:
@@ -182,6 +196,9 @@ def study(config: RunConfig, shards: dict[str, Shard]) -> dict[str, Any]:
         log(
             f"  {name}: {np.mean(list(row[name].values())):.2f} ({time.perf_counter() - start:.0f} s)"
         )
+    if os.environ.get("BENCH_CROSSROOM_POOLED") == "0":  # a busy machine's reduced study
+        row["pooled_absent"] = "not run (BENCH_CROSSROOM_POOLED=0)"
+        return row
     torch.set_num_threads(2)
     pooled = pooled_reference(config, shards)
     if isinstance(pooled, str):
@@ -226,12 +243,20 @@ def run(quick: bool) -> dict[str, Any]:
     previous = RESULTS / f"crossroom{'-quick' if quick else ''}.json"
     if only and previous.exists():
         results = json.loads(previous.read_text())["federations"]
-    for name, (path, overrides, note, loader) in FEDERATIONS.items():
-        if only and name not in only:
-            continue
-        extra = sizes["rooms"] if path.endswith("fedapa-csi.toml") else []
+    splits = [x for x in os.environ.get("BENCH_CROSSROOM_SPLITS", "").split(",") if x]
+    rooms = [x for x in os.environ.get("BENCH_CROSSROOM_ROOMS", "").split(";") if x]
+    plan = [
+        (f"{name}@{split}", split, spec)
+        for name, spec in FEDERATIONS.items()
+        for split in (splits or SPLITS)
+        if not only or name in only
+    ]
+    for key, split, (path, overrides, note, loader) in plan:
+        name = key
+        extra = (rooms or sizes["rooms"]) if path.endswith("fedapa-csi.toml") else []
         if quick and not extra:
             extra = ["rounds=2"]
+        extra = [*extra, f"data.split={split}"]
         per_seed = []
         start = time.perf_counter()
         for seed in sizes["seeds"]:
@@ -242,11 +267,12 @@ def run(quick: bool) -> dict[str, Any]:
             except FileNotFoundError as missing:
                 results[name] = {"note": note, "absent": f"data missing: {missing}"}
                 break
-            sizes_of = [int(len(s.y_train)) for s in shards.values()]
+            sizes_of = [len(s.y_train) for s in shards.values()]
             per_seed.append(study(config, shards))
         else:
             results[name] = {
                 "note": note,
+                "split": split,
                 "config": path,
                 "overrides": [*overrides, *extra],
                 "clients": len(per_seed[0]["local"]),

@@ -18,6 +18,7 @@ bounded downlinks on a federation large enough for them to differ.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -136,7 +137,7 @@ def federation(quick: bool) -> dict[str, Any]:
         by_role.setdefault(role, []).append(kb / 1024)
     summary = facts["summary"]
     closed = facts["closed"]
-    round_wall = [b - a for a, b in zip(closed, closed[1:], strict=False)]
+    round_wall = [b - a for a, b in itertools.pairwise(closed)]
     coordinator_mb = max(by_role.get("coordinator", [0.0]))
     total_gb = sampler.total_peak_kb / 1024 / 1024
     return {

@@ -19,7 +19,9 @@ skipped with a message saying how to install it.
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import os
 import shutil
 import signal
@@ -146,7 +148,9 @@ def run_flower(rounds: int, index: int) -> dict[str, Any]:
                         f"Flower server did not start: {(work / 'server.log').read_text()[-2000:]}"
                     )
                 time.sleep(0.05)
-            overrides = sum((["--set", item] for item in _overrides(rounds)), [])
+            overrides: list[str] = functools.reduce(
+                operator.iadd, (["--set", item] for item in _overrides(rounds)), []
+            )
             for cid in range(CLIENTS):
                 spawn(
                     [

@@ -27,7 +27,7 @@ GOAL = 1.10
 
 def run(quick: bool) -> dict[str, Any]:
     rounds = 4 if quick else 8
-    rows = []
+    rows: list[dict[str, Any]] = []
     for method in METHODS:
         overrides = [f"method={method}", f"rounds={rounds}", f"run_id=bench-round-{method}"]
         result = run_federation(CONFIG, overrides, WORK / f"round-{method}")

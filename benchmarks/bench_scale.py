@@ -83,10 +83,11 @@ def _sample_body(schema: Any, rng: np.random.Generator) -> dict[str, Any]:
 def round_bytes(method: str, overrides: list[str], n: int) -> dict[str, Any]:
     """Encode one real round of ``method`` with ``n`` uploads; bytes per client."""
     from mqttfl.algorithms import get_algorithm, make_context
-    from mqttfl.algorithms.base import ClientInfo, Upload
+    from mqttfl.algorithms.base import Upload
     from mqttfl.config import load_config
     from mqttfl.wire import Message, encode
     from mqttfl.wire.control import encode_downlinks
+    from mqttfl.wire.schemas import ClientInfo
 
     config = load_config(
         "configs/fedapa-csi.toml", [f"method={method}", f"federation.num_clients={n}", *overrides]
@@ -99,7 +100,8 @@ def round_bytes(method: str, overrides: list[str], n: int) -> dict[str, Any]:
 
     # weight uploads do not depend on N: six distinct bodies, reused
     distinct = min(n, 6) if issubclass(algorithm.client, FedAvgClient) else n
-    uploads, upload_sizes = [], []
+    uploads: list[Upload] = []
+    upload_sizes: list[int] = []
     for i in range(n):
         info = ClientInfo(str(i), config.model.name, classes, 100, CSI_SAMPLE_SHAPE)
         if i < distinct:

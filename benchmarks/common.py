@@ -59,7 +59,7 @@ def _mosquitto_version() -> str | None:
         from mqttfl.provisioning.local_broker import mosquitto_binary
 
         out = subprocess.run([mosquitto_binary(), "-h"], capture_output=True, text=True, timeout=5)
-    except Exception:  # noqa: BLE001 - informational only
+    except Exception:
         return None
     first = (out.stdout or out.stderr).splitlines()
     return first[0].strip() if first else None
@@ -104,7 +104,7 @@ def stats(values: Iterable[float]) -> dict[str, float]:
         "median": statistics.median(data),
         "min": data[0],
         "max": data[-1],
-        "p90": data[min(len(data) - 1, int(round(0.9 * (len(data) - 1))))],
+        "p90": data[min(len(data) - 1, round(0.9 * (len(data) - 1)))],
         "n": len(data),
     }
 

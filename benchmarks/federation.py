@@ -11,6 +11,7 @@ client) to the end. One federation at a time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import threading
 import time
@@ -73,10 +74,8 @@ class CountingProxy:
         except (ConnectionError, OSError):
             pass
         finally:
-            try:
+            with contextlib.suppress(RuntimeError):
                 writer.close()
-            except RuntimeError:
-                pass
 
     async def _handle(
         self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
@@ -104,8 +103,9 @@ class Sniffer:
 
     def __enter__(self) -> Sniffer:
         import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
 
-        self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-sniffer")
+        self._client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bench-sniffer")
         self._client.on_message = self._on_message
         self._client.connect("127.0.0.1", self.port)
         self._client.subscribe([("mqttfl/+/round/+/up/+", 1), ("mqttfl/+/round/+/down/+", 1)])
@@ -223,7 +223,7 @@ def run_federation(
 def _federation_class() -> type:
     from mqttfl.launch.local import LocalFederation
 
-    class Federation(LocalFederation):  # type: ignore[misc]
+    class Federation(LocalFederation):
         """Clients may reach the broker through another URL (the counting proxy)."""
 
         def __init__(self, *args: Any, client_broker_url: str | None = None, **kwargs: Any) -> None:
@@ -239,7 +239,7 @@ def _federation_class() -> type:
     return Federation
 
 
-def _Federation(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - a lazily built class
+def _Federation(*args: Any, **kwargs: Any) -> Any:
     return _federation_class()(*args, **kwargs)
 
 

@@ -21,11 +21,11 @@ import os
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # never phone home: loopback only
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -35,7 +35,7 @@ def serve(args: argparse.Namespace) -> int:
 
     marks: list[dict[str, Any]] = []
 
-    class TimedFedAvg(FedAvg):  # type: ignore[misc]
+    class TimedFedAvg(FedAvg):
         def configure_fit(self, server_round: int, parameters: Any, client_manager: Any) -> Any:
             marks.append({"round": server_round, "fit_configured": time.time()})
             return super().configure_fit(server_round, parameters, client_manager)
@@ -118,7 +118,7 @@ def client(args: argparse.Namespace) -> int:
             strict=False,
         )
 
-    class PeerClient(NumPyClient):  # type: ignore[misc]
+    class PeerClient(NumPyClient):
         def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
             return get_weights()
 

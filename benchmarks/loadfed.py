@@ -72,11 +72,12 @@ def _finish(process: subprocess.Popen[bytes], out: Path, timeout: float) -> dict
         raise RuntimeError(f"load client hung; see {out.parent}") from None
     if process.returncode != 0 or not out.exists():
         raise RuntimeError(f"load client failed ({process.returncode}); see {out.parent}")
-    return json.loads(out.read_text())  # type: ignore[no-any-return]
+    return json.loads(out.read_text())
 
 
 def _make_timed_coordinator(config: Any, broker: Any, out_dir: Path) -> Any:
     from mqttfl.nodes.coordinator import Coordinator
+    from mqttfl.wire.control import DownlinkPayloads
 
     class TimedCoordinator(Coordinator):
         def __init__(self) -> None:
@@ -91,7 +92,7 @@ def _make_timed_coordinator(config: Any, broker: Any, out_dir: Path) -> Any:
                 self.marks[t]["aggregate_end"] = time.monotonic()
                 return result
 
-            self.server.aggregate = timed_aggregate  # type: ignore[method-assign]
+            self.server.aggregate = timed_aggregate
             save = self.journal.save_checkpoint
 
             def timed_save(state: dict[str, Any], **kwargs: Any) -> None:
@@ -116,9 +117,9 @@ def _make_timed_coordinator(config: Any, broker: Any, out_dir: Path) -> Any:
             if "/up/" in message.topic and len(self.gate.accepted) > before:
                 self.accepted_at[int(message.topic.split("/")[3])].append(time.monotonic())
 
-        async def _publish_downlinks(self, t: int, downlinks: Any, **kwargs: Any) -> None:
+        async def _publish_downlinks(self, t: int, payloads: DownlinkPayloads) -> None:
             self.marks[t]["downlinks_begin"] = time.monotonic()
-            await super()._publish_downlinks(t, downlinks, **kwargs)
+            await super()._publish_downlinks(t, payloads)
             self.marks[t]["downlinks_published"] = time.monotonic()
 
     return TimedCoordinator()

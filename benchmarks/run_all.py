@@ -113,7 +113,7 @@ def main() -> int:
         try:
             module = importlib.import_module(f"benchmarks.bench_{name}")
             data = module.run(args.quick)
-        except Exception:  # noqa: BLE001 - record it and go on with the others
+        except Exception:
             failed[name] = traceback.format_exc()
             log(f"{name} failed:\n{failed[name]}")
             continue

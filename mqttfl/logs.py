@@ -10,7 +10,7 @@ import logging
 import sys
 from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import structlog
 
@@ -83,4 +83,4 @@ def configure_logging(
 
 
 def get_logger(**context: Any) -> structlog.typing.FilteringBoundLogger:
-    return structlog.get_logger().bind(**context)
+    return cast("structlog.typing.FilteringBoundLogger", structlog.get_logger().bind(**context))

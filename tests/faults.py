@@ -20,6 +20,7 @@ From benchmarks/: ``sys.path.insert(0, "<repo>/tests")`` then ``from faults impo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
 
 from mqttfl.provisioning.local_broker import LocalBroker
 from tests.helpers import FAST, REPO, spawn
@@ -86,10 +88,8 @@ def wait_for(
 
 
 def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 @dataclass
@@ -124,7 +124,7 @@ class Witness:
         self.subscribed = threading.Event()
         self._lock = threading.Lock()
         self.client = paho.Client(
-            paho.CallbackAPIVersion.VERSION2, client_id=f"{name}-{os.getpid()}-{id(self)}"
+            CallbackAPIVersion.VERSION2, client_id=f"{name}-{os.getpid()}-{id(self)}"
         )
         if username:
             self.client.username_pw_set(username, password)
@@ -133,7 +133,8 @@ class Witness:
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = lambda *args: self.subscribed.set()
         self.client.on_message = self._on_message
-        self.client.reconnect_delay_set(0.1, 1.0)
+        # paho annotates the delays as int, but they are seconds used as floats
+        self.client.reconnect_delay_set(0.1, 1.0)  # type: ignore[arg-type]
         self.client.connect_async("127.0.0.1", broker_port, keepalive=10)
 
     def _on_connect(
@@ -335,7 +336,7 @@ class Federation:
                 raise AssertionError(
                     f"client {name} exit {proc.returncode}:\n{self.output(name)[-3000:]}"
                 )
-        return json.loads((self.out / "summary.json").read_text())  # type: ignore[no-any-return]
+        return json.loads((self.out / "summary.json").read_text())
 
     def output(self, name: str) -> str:
         return (self.root / f"{name}.{self.starts[name]}.out").read_text(errors="replace")
@@ -401,7 +402,9 @@ class Federation:
 
     def wait_round_started(self, t: int, *, timeout: float = 60.0) -> dict[str, Any]:
         return self.wait_for(
-            lambda: (self.started(t) or [None])[-1], timeout=timeout, what=f"round {t} to start"
+            lambda: next(reversed(self.started(t)), None),
+            timeout=timeout,
+            what=f"round {t} to start",
         )
 
     # --- accounting ---------------------------------------------------------------------

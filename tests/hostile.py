@@ -21,11 +21,12 @@ import msgpack
 import numpy as np
 
 from mqttfl.algorithms import get_algorithm
-from mqttfl.algorithms.base import ClientInfo, Context
+from mqttfl.algorithms.base import Context
 from mqttfl.algorithms.fedapa import FedAPAParams
 from mqttfl.engine.gate import UploadGate
 from mqttfl.wire import Message, encode
 from mqttfl.wire.codec import ARRAY_EXT
+from mqttfl.wire.schemas import ClientInfo
 
 
 @dataclass(frozen=True)
@@ -277,11 +278,11 @@ def expected_rejections(catalogue: tuple[Hostile, ...] = CATALOGUE) -> Counter[s
     return Counter(h.reason for h in catalogue)
 
 
-def CONTROL_CATALOGUE(scene: Scene) -> list[tuple[str, bytes, str]]:  # noqa: N802 - a table, like CATALOGUE
+def CONTROL_CATALOGUE(scene: Scene) -> list[tuple[str, bytes, str]]:
     """Hostile non-upload messages: (topic under mqttfl/<run>/, payload, reason). They are
     counted apart from upload rejections (summary.json's ``rejected_messages``)."""
-    from mqttfl.algorithms.base import ClientInfo
     from mqttfl.wire.control import Online
+    from mqttfl.wire.schemas import ClientInfo
 
     impostor = ClientInfo(scene.victim, "tiny", scene.classes, 96, (24, 242))
     metrics = {"accuracy": 1.0, "f1": 1.0, "mae": 0.0}

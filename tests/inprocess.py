@@ -9,13 +9,14 @@ announce themselves and never answer, ``dead`` ones left (their will fired).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
 import torch
 
 from mqttfl.algorithms import get_algorithm
-from mqttfl.algorithms.base import Algorithm, ClientInfo, ClientSide, Context, ServerSide, Upload
+from mqttfl.algorithms.base import Algorithm, ClientSide, Context, ServerSide, Upload
 from mqttfl.config import FederationConfig, RunConfig, TrainConfig
 from mqttfl.data.shard import Shard
 from mqttfl.engine.rounds import Announce, Close, Finish, RoundEngine
@@ -34,6 +35,7 @@ from mqttfl.wire.control import (
     read_start,
     read_status,
 )
+from mqttfl.wire.schemas import ClientInfo
 
 RUN = "r"
 NUM_CLASSES = 4
@@ -152,10 +154,8 @@ class Federation:
             client.train(t, dict(start.params), np.random.default_rng([t, int(cid)]))
             body = client.make_upload(t)
             schema.validate(body)  # the runner refuses to publish anything else
-            try:
+            with contextlib.suppress(RejectedUpload):
                 self.uploads.append(self.send_upload(t, cid, body))
-            except RejectedUpload:
-                pass
 
     def _deliver(self, close: Close) -> None:
         t = close.round

@@ -158,10 +158,10 @@ class Sub:
 def test_init_writes_conf_hashed_passwords_acl_and_tls(setup: BrokerSetup) -> None:
     conf = setup.conf.read_text()
     assert "allow_anonymous false" in conf
-    assert (
-        f"password_file {setup.out / 'passwd'}" in conf and f"acl_file {setup.out / 'acl'}" in conf
-    )
-    assert f"listener {setup.port} 127.0.0.1" in conf and f"max_packet_size {MAX_PACKET}" in conf
+    assert f"password_file {setup.out / 'passwd'}" in conf
+    assert f"acl_file {setup.out / 'acl'}" in conf
+    assert f"listener {setup.port} 127.0.0.1" in conf
+    assert f"max_packet_size {MAX_PACKET}" in conf
     assert f"certfile {setup.out / 'tls' / 'server.crt'}" in conf
     passwd = (setup.out / "passwd").read_text()
     assert sorted(line.split(":")[0] for line in passwd.splitlines()) == [
@@ -187,12 +187,11 @@ def test_init_writes_conf_hashed_passwords_acl_and_tls(setup: BrokerSetup) -> No
         f"user 0\ntopic readwrite {BASE}/status/0\ntopic write {BASE}/round/+/ack/0\n"
         f"topic write {BASE}/round/+/up/0\n" in acl
     )
-    assert (
-        f"topic read {BASE}/round/+/down/0" in acl
-        and f"topic read {BASE}/round/+/down/1\n" not in acl.split("user 1")[0]
-    )
+    assert f"topic read {BASE}/round/+/down/0" in acl
+    assert f"topic read {BASE}/round/+/down/1\n" not in acl.split("user 1")[0]
     env = read_env_file(setup.env_file("0"))
-    assert env["MQTTFL_BROKER__USERNAME"] == "0" and env["MQTTFL_BROKER__TLS_CA"] == str(setup.ca)
+    assert env["MQTTFL_BROKER__USERNAME"] == "0"
+    assert env["MQTTFL_BROKER__TLS_CA"] == str(setup.ca)
 
 
 def test_init_with_ids_refuses_bad_identities_and_overwrites(tmp_path: Path) -> None:
@@ -208,18 +207,20 @@ def test_init_with_ids_refuses_bad_identities_and_overwrites(tmp_path: Path) -> 
         with pytest.raises(MqttflError):
             client_ids(ids=ids)
     bad = mqttfl("broker", "init", "--ids", "a/b", "--out", str(tmp_path / "c"))  # one line, exit 2
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "a/b" in bad.stderr
+    assert bad.returncode == 2
+    assert "Traceback" not in bad.stderr
+    assert "a/b" in bad.stderr
 
 
 def test_anonymous_and_wrong_password_are_refused(
     setup: BrokerSetup, secure_broker: LocalBroker
 ) -> None:
     anonymous = pub(setup, None, f"{BASE}/round/1/up/0")
-    assert (
-        anonymous.returncode != 0 and "not authori" in (anonymous.stderr + anonymous.stdout).lower()
-    )
+    assert anonymous.returncode != 0
+    assert "not authori" in (anonymous.stderr + anonymous.stdout).lower()
     wrong = pub(setup, "0", f"{BASE}/round/1/up/0", password="guess")
-    assert wrong.returncode != 0 and "not authori" in (wrong.stderr + wrong.stdout).lower()
+    assert wrong.returncode != 0
+    assert "not authori" in (wrong.stderr + wrong.stdout).lower()
     stolen = pub(
         setup, "0", f"{BASE}/round/1/up/0", password=setup.passwords["1"]
     )  # B's password for A
@@ -368,10 +369,12 @@ def test_a_legitimate_federation_completes_under_these_rules(
             assert all(pw not in cmdline for pw in setup.passwords.values()), name
             assert "mqtts://" in cmdline
         summary = fed.finish(timeout=120)
-    assert summary["rounds_completed"] == 2 and summary["rejections"] == {}
+    assert summary["rounds_completed"] == 2
+    assert summary["rejections"] == {}
     assert set(summary["clients"]) == {"0", "1"}
     log = (setup.out / "mosquitto.log").read_text()
-    assert "u'coordinator'" in log and "u'0'" in log
+    assert "u'coordinator'" in log
+    assert "u'0'" in log
     print("FIGURES security", json.dumps({"federation_under_acl_and_tls": "completed"}))
 
 

@@ -166,7 +166,8 @@ def test_broker_init_without_config_accepts_names_and_says_what_they_need(
 ) -> None:
     result = mqttfl("broker", "init", "--ids", "a,b", "--out", str(tmp_path / "broker"))
     assert result.returncode == 0, result.stderr
-    assert "note: ids a, b are not numbers" in result.stdout and "'shards'" in result.stdout
+    assert "note: ids a, b are not numbers" in result.stdout
+    assert "'shards'" in result.stdout
 
 
 def test_broker_init_refuses_ids_beyond_espectre_chips(tmp_path: Path) -> None:

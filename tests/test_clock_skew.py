@@ -46,5 +46,6 @@ def test_clients_with_skewed_wall_clocks_train_every_round(
     for cid in ("0", "1", "2"):
         assert fed.events(cid, "round.skipped") == []
         assert sorted(set(fed.uploads_sent(cid))) == list(range(1, ROUNDS + 1))
-    assert summary["rounds_completed"] == ROUNDS and summary["missing_uploads"] == 0
+    assert summary["rounds_completed"] == ROUNDS
+    assert summary["missing_uploads"] == 0
     assert fed.stalled_rounds() == []

@@ -21,11 +21,14 @@ def test_a_pinned_entry_runs_its_method_on_its_model_in_every_setting() -> None:
         "fedavg",
         "transformer",
     )
-    assert pinned_model("fedali") == "transformer" and pinned_model("fedavg") is None
+    assert pinned_model("fedali") == "transformer"
+    assert pinned_model("fedavg") is None
     overrides = run_overrides(["rounds=2"], "model", "fedavg@transformer", 1)
     config = load_config("configs/fedapa-csi.toml", overrides)
-    assert config.method == "fedavg" and config.seed == 1
-    assert config.model.name == "transformer" and config.model.per_client == []
+    assert config.method == "fedavg"
+    assert config.seed == 1
+    assert config.model.name == "transformer"
+    assert config.model.per_client == []
     plain = load_config("configs/fedapa-csi.toml", run_overrides([], "model", "fedavg", 0))
     assert plain.model.per_client == ["tiny", "middle", "large"]
 
@@ -40,14 +43,15 @@ def test_the_table_marks_a_pinned_entry() -> None:
         for m in ("fedavg", "fedavg@transformer")
     ]
     table = markdown_table(rows, ["fedavg", "fedavg@transformer"], ["data"], [0])
-    assert "| fedavg@transformer * |" in table and "| fedavg |" in table
+    assert "| fedavg@transformer * |" in table
+    assert "| fedavg |" in table
     assert "fedavg@transformer runs model `transformer` in every setting" in table
 
 
 @pytest.mark.parametrize("name", ["sgd", "adam"])
 def test_train_optimizer(name: str) -> None:
     model = build_model("tiny", num_classes=3, embed_dim=8)
-    train = TrainConfig(optimizer=name, lr=0.003, weight_decay=0.0)  # type: ignore[arg-type]
+    train = TrainConfig(optimizer=name, lr=0.003, weight_decay=0.0)
     optimizer = make_optimizer(model, train)
     expected = torch.optim.Adam if name == "adam" else torch.optim.SGD
     assert type(optimizer) is expected

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import os
 import signal
 import subprocess
@@ -24,7 +26,7 @@ def _events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _wait_for(predicate, timeout: float) -> None:  # noqa: ANN001
+def _wait_for(predicate, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -45,7 +47,7 @@ def test_sigkill_of_one_client_mid_run(broker: LocalBroker, tmp_path: Path) -> N
         "rounds=6",
         "--set",
         "federation.num_clients=3",
-        *sum((["--set", s] for s in FAST), []),
+        *functools.reduce(operator.iadd, (["--set", s] for s in FAST), []),
     ]
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
@@ -100,7 +102,8 @@ def test_sigkill_of_one_client_mid_run(broker: LocalBroker, tmp_path: Path) -> N
 
     events = _events(coordinator_log)
     offline = [e for e in events if e["event"] == "client.offline" and e["client"] == "2"]
-    assert offline and offline[0]["reason"] == "connection lost"  # the last will
+    assert offline
+    assert offline[0]["reason"] == "connection lost"
     assert any(e["event"] == "upload.rejected" and e["reason"] == "future" for e in events)
     closed = {e["round"]: e for e in events if e["event"] == "round.closed"}
     assert sorted(closed) == [1, 2, 3, 4, 5, 6]

@@ -11,9 +11,9 @@ import pytest
 from mqttfl.algorithms import get_algorithm
 from mqttfl.algorithms.base import Algorithm, Downlinks, Upload
 from mqttfl.algorithms.fedavg import FedAvgServer
-from mqttfl.engine.rounds import RECONNECT_GRACE_S, WILL_SETTLE_S, Announce, Phase, RunAborted
+from mqttfl.engine.rounds import RECONNECT_GRACE_S, WILL_SETTLE_S, Announce, Close, Phase
 from mqttfl.engine.state import RunState
-from mqttfl.errors import RejectedUpload, WireError
+from mqttfl.errors import RejectedUpload, RunAborted, WireError
 from mqttfl.wire.codec import pack_data, unpack_data
 from mqttfl.wire.control import Metrics, read_downlink
 from tests.inprocess import RUN, Federation
@@ -28,9 +28,11 @@ def closed_at(fed: Federation, t: int) -> float:
 def test_a_whole_run_closes_every_round_and_summarizes_every_client() -> None:
     fed = Federation("fedapa", clients=3, rounds=3).run()
     assert [c.round for c in fed.closed] == [1, 2, 3]
-    assert fed.summary is not None and fed.summary["rounds_completed"] == 3
+    assert fed.summary is not None
+    assert fed.summary["rounds_completed"] == 3
     assert set(fed.summary["clients"]) == {"0", "1", "2"}
-    assert fed.summary["missing_uploads"] == 0 and fed.summary["retries"] == 0
+    assert fed.summary["missing_uploads"] == 0
+    assert fed.summary["retries"] == 0
     # Every round closed on its uploads, not on a timer: the clock never moved.
     assert fed.clock.now == 1000.0
 
@@ -72,7 +74,8 @@ def test_a_last_will_ends_the_wait_for_that_client_after_the_will_settles() -> N
     assert fed.engine.step() == []  # a will may be the broker going down: watch a moment
     fed.clock.advance(WILL_SETTLE_S)
     actions = fed.engine.step()
-    assert fed.engine.state.round == 1 and fed.clock.now == pytest.approx(t0 + WILL_SETTLE_S)
+    assert fed.engine.state.round == 1
+    assert fed.clock.now == pytest.approx(t0 + WILL_SETTLE_S)
     assert [type(a).__name__ for a in actions][:1] == ["Close"]
 
 
@@ -154,7 +157,8 @@ def test_an_upload_that_poisons_the_aggregate_is_dropped_not_the_round() -> None
     assert fed.engine.state.rejections["dropped_from_aggregate"] == 1
     broadcast = read_downlink(fed.closed[0].payloads.broadcast, run_id=RUN, round=1, client="all")
     weights = next(iter(broadcast.body["weights"].values()))
-    assert np.isfinite(weights).all() and np.abs(weights).max() < 100
+    assert np.isfinite(weights).all()
+    assert np.abs(weights).max() < 100
 
 
 def test_absurd_but_finite_prototypes_are_refused_by_the_schema() -> None:
@@ -186,7 +190,8 @@ def test_run_state_survives_the_checkpoint_codec_and_resumes_the_next_round() ->
     saved = fed.closed[-1].checkpoint
     assert saved is not None
     state = RunState.from_dict(unpack_data(pack_data(saved)), fed.config, source="test")
-    assert state.round == 2 and state.clients == ["0", "1", "2"]
+    assert state.round == 2
+    assert state.clients == ["0", "1", "2"]
     assert state.downlinks == fed.closed[-1].payloads
     assert pack_data(state.to_dict(fed.config)) == pack_data(saved)
     with pytest.raises(Exception, match="belongs to run"):
@@ -196,8 +201,11 @@ def test_run_state_survives_the_checkpoint_codec_and_resumes_the_next_round() ->
     assert resumed.engine.phase is Phase.RESUMING
     actions = resumed.engine.step()  # every known client announced itself: re-publish, go on
     republished = [a for a in actions if not isinstance(a, Announce)]
-    assert republished[0].checkpoint is None and republished[0].payloads == state.downlinks
-    assert isinstance(actions[-1], Announce) and actions[-1].start.round == 3
+    assert isinstance(republished[0], Close)
+    assert republished[0].checkpoint is None
+    assert republished[0].payloads == state.downlinks
+    assert isinstance(actions[-1], Announce)
+    assert actions[-1].start.round == 3
     server_state: dict[str, Any] = resumed.engine.server.state_dict()
     assert server_state.keys() == saved["server"].keys()
 

@@ -46,9 +46,8 @@ def test_broker_restart_mid_round_every_party_reconnects(tmp_path: Path) -> None
 
     assert summary["rounds_completed"] == rounds
     closed = fed.closed_rounds()
-    assert sorted(closed) == list(range(1, rounds + 1)) and all(
-        len(v) == 1 for v in closed.values()
-    )
+    assert sorted(closed) == list(range(1, rounds + 1))
+    assert all(len(v) == 1 for v in closed.values())
     assert fed.stalled_rounds() == []
     for name in ["coordinator", *map(str, range(n))]:
         bus = [e for e in fed.events(name) if e["event"].startswith("broker.")]
@@ -63,7 +62,7 @@ def test_broker_restart_mid_round_every_party_reconnects(tmp_path: Path) -> None
         ]
         assert retries == sorted(retries), name  # the backoff grows while the broker is away
     # Nothing was lost to the restart: every selected client of every round was aggregated.
-    assert summary["missing_uploads"] == 0, [e for e in fed.events(event="upload.missing")]
+    assert summary["missing_uploads"] == 0, list(fed.events(event="upload.missing"))
     # A round started while a client was still reconnecting selects only the live ones.
     for e in fed.events(event="round.closed"):
         assert e["uploads"] == len(fed.started(e["round"])[-1]["selected"]), e

@@ -59,23 +59,25 @@ def test_coordinator_sigkill_mid_round_resumes_from_its_journal(
             for cid in CLIENTS
             if any(e["round"] == CRASH_ROUND for e in fed.events(cid, "upload.resent"))
         }
-        assert resent and all(CRASH_ROUND in fed.uploads_sent(cid) for cid in resent)
+        assert resent
+        assert all(CRASH_ROUND in fed.uploads_sent(cid) for cid in resent)
 
     events = fed.events()
     resumed = [e for e in events if e["event"] == "run.resumed"]
     assert [e["from_round"] for e in resumed] == [CRASH_ROUND]
     closed = Counter(e["round"] for e in events if e["event"] == "round.closed")
-    assert closed == {t: 1 for t in range(1, ROUNDS + 1)}  # no round aggregated twice
+    assert closed == dict.fromkeys(range(1, ROUNDS + 1), 1)  # no round aggregated twice
     # Each round's broadcast is one payload (the resumed coordinator may send round 3's again, byte for byte).
     broadcasts: dict[int, set[bytes]] = {}
     for m in witness.seen(lambda m: bool(m.payload) and m.topic.endswith("/down/all")):
         broadcasts.setdefault(int(topic_parts(m.topic)[1]), set()).add(m.payload)
-    assert {t: len(p) for t, p in broadcasts.items()} == {t: 1 for t in range(1, ROUNDS + 1)}
+    assert {t: len(p) for t, p in broadcasts.items()} == dict.fromkeys(range(1, ROUNDS + 1), 1)
     # The resumed round runs with every client and the schedule of its own round number.
     resumed_close = next(
         e for e in events if e["event"] == "round.closed" and e["round"] == CRASH_ROUND
     )
-    assert resumed_close["uploads"] == len(CLIENTS) and resumed_close["missing"] == []
+    assert resumed_close["uploads"] == len(CLIENTS)
+    assert resumed_close["missing"] == []
     starts = [
         decode(m.payload)
         for m in witness.seen(lambda m: m.topic.endswith(f"/round/{CRASH_ROUND}/start"))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mqttfl.provisioning.local_broker import LocalBroker
-from tests.faults import RUN_ID, Federation, Witness, topic_parts, uploads_on_the_wire
+from tests.faults import RUN_ID, Federation, Seen, Witness, topic_parts, uploads_on_the_wire
 
 DROPPED = "$SYS/broker/publish/messages/dropped"
 
@@ -48,24 +48,33 @@ def test_fan_in_of_100_simultaneous_uploads(broker: LocalBroker, tmp_path: Path)
     closed = fed.closed_rounds()
     assert sorted(closed) == list(range(1, rounds + 1))
     for t in range(1, rounds + 1):
-        assert closed[t][0]["uploads"] == n and closed[t][0]["missing"] == []
+        assert closed[t][0]["uploads"] == n
+        assert closed[t][0]["missing"] == []
     wire = uploads_on_the_wire(witness)
     accepted = [k for k, v in fed.outcomes().items() if v == ["accepted"]]
-    assert len(wire) == n * rounds and set(wire.values()) == {1}
+    assert len(wire) == n * rounds
+    assert set(wire.values()) == {1}
     assert sorted(accepted) == sorted(wire)  # every upload on the wire was accepted, once
     dropped = [int(m.payload) for m in witness.seen(lambda m: m.topic == DROPPED)]
-    assert dropped and set(dropped) == {0}
-    assert summary["rejections"] == {} and summary["missing_uploads"] == 0
+    assert dropped
+    assert set(dropped) == {0}
+    assert summary["rejections"] == {}
+    assert summary["missing_uploads"] == 0
     # FedAPA's bounded downlink (k=8 < N-1): a client receives S (k+1 sets) in the
     # broadcast and Q_i plus its own set in its personal one, for any N; P of all N sets
     # would be N·C·d·4 = 134 KB here.
     k, c, d = 8, 21, 16
     bound = (k + 3) * c * d * 4 + 2048 + 10 * n  # the sets, framing, the broadcast's id list
     for t in range(1, rounds + 1):
-        down = witness.seen(lambda m, t=t: topic_parts(m.topic)[:3] == ["round", str(t), "down"])
+
+        def downlink(m: Seen, t: int = t) -> bool:
+            return topic_parts(m.topic)[:3] == ["round", str(t), "down"]
+
+        down = witness.seen(downlink)
         broadcast = [len(m.payload) for m in down if m.topic.endswith("/all") and m.payload]
         personal = [len(m.payload) for m in down if not m.topic.endswith("/all")]
-        assert len(broadcast) == 1 and len(personal) == n
+        assert len(broadcast) == 1
+        assert len(personal) == n
         assert broadcast[0] + max(personal) <= bound < n * c * d * 4
     first = [m.at for m in witness.seen(lambda m: topic_parts(m.topic)[:3] == ["round", "1", "up"])]
     spread = max(first) - min(first)

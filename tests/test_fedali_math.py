@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from mqttfl.algorithms import fedali
-from mqttfl.algorithms.base import ClientInfo, Context, Upload
+from mqttfl.algorithms.base import Context, Upload
 from mqttfl.algorithms.fedali import (
     FedAliClient,
     FedAliParams,
@@ -21,8 +22,9 @@ from mqttfl.algorithms.fedali import (
 from mqttfl.algorithms.weights import flatten_weights, load_weights, weights_length
 from mqttfl.errors import ConfigError
 from mqttfl.models import build_model
-from mqttfl.models.transformer import ALPLayer, ema_update, sinkhorn
-from mqttfl.training.loops import predict_logits
+from mqttfl.models.transformer import ALPLayer, TransformerEncoderNet, ema_update, sinkhorn
+from mqttfl.training.loops import predict_logits, train_epochs
+from mqttfl.wire.schemas import ClientInfo
 from tests.inprocess import Federation
 
 
@@ -57,7 +59,8 @@ def test_sinkhorn_marginals_after_three_iterations() -> None:
         return float((plan.sum(dim=0) / 6.0 - 1).abs().max())
 
     spreads = [spread(sinkhorn(x @ p.T, epsilon=0.05, iterations=i)) for i in (1, 2, 3)]
-    assert spreads == sorted(spreads, reverse=True) and spreads[2] < 0.6
+    assert spreads == sorted(spreads, reverse=True)
+    assert spreads[2] < 0.6
     assert spread(torch.softmax(x @ p.T / 0.05, dim=1)) > spreads[2]
     converged = sinkhorn(x @ p.T, epsilon=0.05, iterations=200).sum(dim=0) / 6.0
     torch.testing.assert_close(converged, torch.ones(8), atol=1e-3, rtol=0)
@@ -115,8 +118,10 @@ def test_alp_training_aligns_with_global_and_updates_only_local_prototypes() -> 
     torch.testing.assert_close(layer.local, torch.tensor([[0.5, 1.0]]))  # 0.5·[0,2] + 0.5·[1,0]
     torch.testing.assert_close(layer.shared, torch.tensor([[0.0, -4.0]]))
     out.sum().backward()
-    assert x.grad is not None and layer.glu.weight.grad is not None
-    assert not layer.local.requires_grad and not layer.shared.requires_grad
+    assert x.grad is not None
+    assert layer.glu.weight.grad is not None
+    assert not layer.local.requires_grad
+    assert not layer.shared.requires_grad
 
 
 def test_alp_is_the_identity_until_prototypes_are_attached() -> None:
@@ -127,8 +132,9 @@ def test_alp_is_the_identity_until_prototypes_are_attached() -> None:
 
 def test_prototypes_are_not_part_of_the_weights() -> None:
     model = build_model("transformer", num_classes=4, embed_dim=8)
+    assert isinstance(model, TransformerEncoderNet)
     before = flatten_weights(model)
-    for layer in model.alp_layers():  # type: ignore[operator]
+    for layer in model.alp_layers():
         layer.attach(
             torch.ones(16, layer.dim),
             torch.ones(16, layer.dim),
@@ -168,7 +174,8 @@ def test_kmeans_starts_from_the_sample_weighted_mean_of_local_prototypes() -> No
 def test_server_averages_weights_and_sends_global_prototypes_only() -> None:
     fed = Federation("fedali", arch="transformer", rounds=1).run()
     down = fed.server.aggregate(2, fed.uploads)
-    assert set(down.broadcast) == {"weights", "global"} and down.personal == {}
+    assert set(down.broadcast) == {"weights", "global"}
+    assert down.personal == {}
     assert set(down.broadcast["global"]) == {"0", "1"}
     assert down.broadcast["global"]["0"].shape == (64, 32)
     for upload in fed.uploads:
@@ -182,7 +189,8 @@ def test_server_averages_weights_and_sends_global_prototypes_only() -> None:
 def test_clients_start_from_the_same_prototypes_and_local_ones_drift_apart() -> None:
     fed = Federation("fedali", arch="transformer", rounds=1)
     a, b = fed.clients[0], fed.clients[1]
-    assert isinstance(a, FedAliClient) and isinstance(b, FedAliClient)
+    assert isinstance(a, FedAliClient)
+    assert isinstance(b, FedAliClient)
     torch.testing.assert_close(a.layers[0].local, b.layers[0].shared)
     fed.run()
     assert not torch.allclose(a.layers[0].local, b.layers[0].local)
@@ -218,11 +226,11 @@ def test_a_client_is_scored_on_the_model_it_trained_not_on_the_download(
 
     # ... and the next local training starts from the averaged weights (Algorithm 2, l. 6)
     started_from: list[np.ndarray] = []
-    real_train = fedali.train_epochs
+    real_train = train_epochs
 
-    def spy(model: torch.nn.Module, *args: object, **kwargs: object) -> float:
+    def spy(model: torch.nn.Module, *args: Any, **kwargs: Any) -> float:
         started_from.append(flatten_weights(model))
-        return real_train(model, *args, **kwargs)  # type: ignore[arg-type]
+        return real_train(model, *args, **kwargs)
 
     monkeypatch.setattr(fedali, "train_epochs", spy)
     client.train(2, {}, np.random.default_rng(2))
@@ -248,7 +256,8 @@ def test_local_training_is_the_papers_adam_five_epochs_batch_64(
 
     monkeypatch.setattr(fedali, "train_epochs", record)
     client.train(1, {}, np.random.default_rng(0))
-    assert seen["epochs"] == 5 and seen["batch_size"] == 64
+    assert seen["epochs"] == 5
+    assert seen["batch_size"] == 64
     assert isinstance(seen["optimizer"], torch.optim.Adam)
     sgd = Federation("fedali", arch="transformer", rounds=1, local_optimizer="train").clients[0]
     sgd.train(1, {}, np.random.default_rng(0))

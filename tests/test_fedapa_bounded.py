@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from mqttfl.algorithms.base import ClientInfo, Context, Upload
+from mqttfl.algorithms.base import Context, Upload
 from mqttfl.algorithms.fedapa import (
+    FedAPAClient,
     FedAPAParams,
     FedAPAServer,
     prototype_contrast,
@@ -18,6 +19,7 @@ from mqttfl.algorithms.fedapa import (
     shared_sample,
 )
 from mqttfl.wire.control import encode_downlinks
+from mqttfl.wire.schemas import ClientInfo
 from tests.inprocess import Federation
 
 
@@ -48,7 +50,8 @@ def test_up_to_k_plus_one_clients_get_every_set_once_exactly_as_the_paper() -> N
 
 def test_the_shared_sample_is_seeded_and_the_weights_sum_to_one() -> None:
     sample = shared_sample(10, 4, seed=0, t=4)
-    assert len(set(sample.tolist())) == 4 and sample.tolist() == sorted(sample.tolist())
+    assert len(set(sample.tolist())) == 4
+    assert sample.tolist() == sorted(sample.tolist())
     assert shared_sample(10, 4, seed=0, t=4).tolist() == sample.tolist()  # a re-send agrees
     outside = next(r for r in range(10) if r not in sample)
     np.testing.assert_allclose(sample_weights(10, sample, outside), [1 / 10] + [9 / 40] * 4)
@@ -93,19 +96,24 @@ def test_above_k_plus_one_every_downlink_stays_under_the_bound() -> None:
         biggest = len(payloads.broadcast) + max(len(p) for p in payloads.personal.values())
         assert biggest <= bound <= 250_000
         body = down.personal["3"]
-        assert body["own"].shape == (c, d) and body["set_weights"].shape == (k + 2,)
+        assert body["own"].shape == (c, d)
+        assert body["set_weights"].shape == (k + 2,)
 
 
 def test_a_federation_above_the_bound_trains_on_sampled_sets() -> None:
     fed = Federation("fedapa", clients=5, rounds=2, max_peer_sets=2).run()
     client = fed.clients[0]
-    assert client.p is not None and client.p.shape[0] == 4  # own set + a sample of 3
-    assert client.p_weights is not None and float(client.p_weights.sum()) == pytest.approx(1.0)
+    assert isinstance(client, FedAPAClient)
+    assert client.p is not None
+    assert client.p.shape[0] == 4
+    assert client.p_weights is not None
+    assert float(client.p_weights.sum()) == pytest.approx(1.0)
 
 
 def test_sample_weights_that_do_not_fit_the_broadcast_sample_drop_l_c_for_the_round() -> None:
     fed = Federation("fedapa", clients=5, rounds=1, max_peer_sets=2).run()
     client = fed.clients[0]
+    assert isinstance(client, FedAPAClient)
     c, d = client.ctx.num_classes, client.ctx.embed_dim
     broadcast = {
         "available": np.ones(c, np.uint8),
@@ -119,4 +127,6 @@ def test_sample_weights_that_do_not_fit_the_broadcast_sample_drop_l_c_for_the_ro
     client.check_downlink(broadcast, None)
     client.check_downlink({}, personal)
     client.receive(2, broadcast, personal)
-    assert client.p is None and client.p_weights is None and client.q is not None
+    assert client.p is None
+    assert client.p_weights is None
+    assert client.q is not None

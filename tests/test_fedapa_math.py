@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from mqttfl.algorithms import get_algorithm
-from mqttfl.algorithms.base import ClientInfo, Context, Upload
+from mqttfl.algorithms.base import Context, Upload
 from mqttfl.algorithms.fedapa import (
     FedAPAClient,
     FedAPAParams,
@@ -28,6 +28,7 @@ from mqttfl.config import TrainConfig
 from mqttfl.data.shard import Shard
 from mqttfl.models import build_model
 from mqttfl.training.loops import class_prototypes
+from mqttfl.wire.schemas import ClientInfo
 
 # Two clients, two classes, d=2, τ=0.5.
 #   client 0: p^0 = [1, 0], p^1 = [0, 1]
@@ -52,8 +53,8 @@ def test_similarity_weights_eqs_5_6() -> None:
 
 def test_personalized_prototypes_and_padding_eqs_7_8() -> None:
     q, padded, available = aggregate_prototypes(P, MASK, tau=0.5)
-    np.testing.assert_allclose(q[0], [[1, 0.357602], [0, 1]], atol=1e-6)
-    np.testing.assert_allclose(q[1], [[1, 0.642398], [0, 1]], atol=1e-6)
+    np.testing.assert_allclose(q[0], [[1.0, 0.357602], [0.0, 1.0]], atol=1e-6)
+    np.testing.assert_allclose(q[1], [[1.0, 0.642398], [0.0, 1.0]], atol=1e-6)
     np.testing.assert_allclose(padded[1, 1], [0, 1])  # P_1 padded too
     np.testing.assert_allclose(padded[0], P[0])  # own prototypes untouched
     assert available.tolist() == [True, True]
@@ -152,7 +153,7 @@ UPLOADS = [
 def test_server_sends_each_client_its_own_q_and_everyone_the_padded_set() -> None:
     ctx = Context(num_classes=2, embed_dim=2, rounds=100, seed=0, params=FedAPAParams())
     down = FedAPAServer(ctx).aggregate(1, UPLOADS)
-    np.testing.assert_allclose(down.personal["1"]["q"], [[1, 0.642398], [0, 1]], atol=1e-6)
+    np.testing.assert_allclose(down.personal["1"]["q"], [[1.0, 0.642398], [0.0, 1.0]], atol=1e-6)
     assert down.broadcast["prototypes"].shape == (2, 2, 2)
     assert "weights" not in down.broadcast
     assert FedAPAServer(ctx).round_params(25)["lambda"] == pytest.approx(
@@ -251,7 +252,9 @@ def test_receive_takes_the_personal_q_the_padded_p_and_the_available_classes() -
     down = FedAPAServer(ctx).aggregate(1, UPLOADS)
     client = _client()
     client.receive(1, down.broadcast, down.personal["1"])
-    assert client.q is not None and client.p is not None and client.available is not None
+    assert client.q is not None
+    assert client.p is not None
+    assert client.available is not None
     torch.testing.assert_close(
         client.q, torch.tensor([[1.0, 0.642398], [0.0, 1.0]]), atol=1e-6, rtol=0
     )
@@ -270,12 +273,16 @@ def test_receive_takes_the_personal_q_the_padded_p_and_the_available_classes() -
 def test_receive_prefers_the_broadcast_global_set_and_ignores_empty_downlinks() -> None:
     client = _client(FedAPAParams(aggregation="mean", use_client_prototypes=False))
     client.receive(1, {}, None)  # no aggregate yet (e.g. nobody uploaded)
-    assert client.q is None and client.p is None and client.available is None
+    assert client.q is None
+    assert client.p is None
+    assert client.available is None
     global_set = np.array([[1.0, 0.5], [0.0, 1.0]], np.float32)
     client.receive(1, {"available": np.array([1, 0], np.uint8), "global": global_set}, None)
-    assert client.q is not None and client.available is not None
+    assert client.q is not None
+    assert client.available is not None
     np.testing.assert_allclose(client.q.numpy(), global_set)
-    assert client.p is None and client.available.tolist() == [True, False]
+    assert client.p is None
+    assert client.available.tolist() == [True, False]
 
 
 # --- Eq. 7: the fast path against the materialized α of Eqs. 5-6 ---------------------------

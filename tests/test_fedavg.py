@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from mqttfl.algorithms.base import ClientInfo, Upload
+from mqttfl.algorithms.base import Upload
 from mqttfl.algorithms.weights import (
     average_by_group,
     flatten_weights,
@@ -14,6 +14,7 @@ from mqttfl.algorithms.weights import (
     weighted_average,
 )
 from mqttfl.models import build_model
+from mqttfl.wire.schemas import ClientInfo
 
 
 def test_weighted_average_uses_the_counts() -> None:
@@ -22,7 +23,7 @@ def test_weighted_average_uses_the_counts() -> None:
 
 
 def test_weighted_average_requires_one_positive_weight_per_vector() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="one positive weight per vector"):
         weighted_average([np.ones(2), np.ones(2)], [1])
 
 

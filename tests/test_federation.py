@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,7 @@ def test_run_end_to_end(method: str, tmp_path: Path) -> None:
         "rounds=3",
         "--set",
         "federation.num_clients=3",
-        *sum((["--set", s] for s in FAST), []),
+        *functools.reduce(operator.iadd, (["--set", s] for s in FAST), []),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
@@ -42,10 +44,13 @@ def test_run_end_to_end(method: str, tmp_path: Path) -> None:
     assert summary["rounds_completed"] == 3
     assert set(summary["clients"]) == {"0", "1", "2"}
     for row in summary["clients"].values():
-        assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["f1"] <= 1.0 and row["mae"] >= 0
+        assert 0.0 <= row["accuracy"] <= 1.0
+        assert 0.0 <= row["f1"] <= 1.0
+        assert row["mae"] >= 0
     assert set(summary["mean"]) == {"accuracy", "f1", "mae"}
     comm = summary["comm"]
-    assert comm["up_bytes_per_client_round"] > 0 and comm["down_bytes_per_client_round"] > 0
+    assert comm["up_bytes_per_client_round"] > 0
+    assert comm["down_bytes_per_client_round"] > 0
     if method == "fedavg":  # weights both ways: far bigger than prototypes
         assert comm["up_bytes_per_client_round"] > 50_000
     if method == "fedapa":  # 21 classes x 256 float32 at most per upload
@@ -96,7 +101,8 @@ def test_bad_config_key_is_one_clear_line(tmp_path: Path) -> None:
 def test_missing_config_file_names_the_path(tmp_path: Path) -> None:
     result = mqttfl("run", str(tmp_path / "missing.toml"))
     assert result.returncode == 2
-    assert "missing.toml" in result.stderr and "Traceback" not in result.stderr
+    assert "missing.toml" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_models_lists_paper_parameter_counts() -> None:

@@ -16,6 +16,7 @@ from mqttfl.algorithms.fedsap import (
     FedSAPClient,
     FedSAPParams,
     FedSAPServer,
+    Schedule,
     calibrate_thresholds,
     consistency_loss,
     curriculum_lambda,
@@ -53,8 +54,8 @@ def test_linear_curriculum(t: int, expected: float) -> None:
         ("constant", 1, 0.7),  # no curriculum (Table 4's ablation)
     ],
 )
-def test_curriculum_shapes(shape: str, t: int, expected: float) -> None:
-    value = curriculum_lambda(t, lambda_max=0.7, start_round=20, end_round=100, shape=shape)  # type: ignore[arg-type]
+def test_curriculum_shapes(shape: Schedule, t: int, expected: float) -> None:
+    value = curriculum_lambda(t, lambda_max=0.7, start_round=20, end_round=100, shape=shape)
     assert value == pytest.approx(expected, abs=1e-12)
 
 
@@ -63,13 +64,16 @@ def test_curriculum_shapes(shape: str, t: int, expected: float) -> None:
     st.integers(0, 50),
     st.integers(1, 120),
 )
-def test_every_ramp_is_nondecreasing_and_within_bounds(shape: str, start: int, end: int) -> None:
+def test_every_ramp_is_nondecreasing_and_within_bounds(
+    shape: Schedule, start: int, end: int
+) -> None:
     values = [
-        curriculum_lambda(t, lambda_max=0.7, start_round=start, end_round=end, shape=shape)  # type: ignore[arg-type]
+        curriculum_lambda(t, lambda_max=0.7, start_round=start, end_round=end, shape=shape)
         for t in range(0, 130)
     ]
     assert values == sorted(values)
-    assert values[0] == 0.0 and max(values) == pytest.approx(0.7)
+    assert values[0] == 0.0
+    assert max(values) == pytest.approx(0.7)
 
 
 def test_server_schedules_lambda_up_to_the_last_round_and_the_semi_phase() -> None:
@@ -159,7 +163,8 @@ def test_pseudo_labels_eq_10_and_acceptance_eq_11() -> None:
     labels, accept = pseudo_labels(
         weak, BANK, torch.tensor([True, True, True]), margin=0.5, max_distance=0.5
     )
-    assert labels[accept].tolist() == [0, 1, 2] and accept.tolist() == [True, False, True, True]
+    assert labels[accept].tolist() == [0, 1, 2]
+    assert accept.tolist() == [True, False, True, True]
     _, accept = pseudo_labels(
         weak, BANK, torch.tensor([True, True, True]), margin=0.9, max_distance=0.5
     )
@@ -200,7 +205,8 @@ def test_mixed_prototypes_eq_14() -> None:
         labelled, np.array([0, 0]), strong, np.array([0, 1]), alpha=0.5
     )
     # class 0: ([2,0] + [0,1] + 0.5·[4,0]) / (2 + 0.5) = [1.6, 0.4] -> / 1.649242
-    assert classes.tolist() == [0, 1] and counts.tolist() == [3, 1]
+    assert classes.tolist() == [0, 1]
+    assert counts.tolist() == [3, 1]
     np.testing.assert_allclose(protos[0], [1.6 / math.sqrt(2.72), 0.4 / math.sqrt(2.72)], rtol=1e-6)
     np.testing.assert_allclose(protos[1], [0.0, 1.0])  # only a pseudo-labelled sample: norm([0,3])
 
@@ -208,7 +214,8 @@ def test_mixed_prototypes_eq_14() -> None:
 def test_views_keep_shape_and_strong_is_further_from_the_input() -> None:
     x = np.random.default_rng(0).normal(size=(50, 16, 6)).astype(np.float32)
     weak, strong = weak_view(x, np.random.default_rng(1)), strong_view(x, np.random.default_rng(1))
-    assert weak.shape == strong.shape == x.shape and weak.dtype == np.float32
+    assert weak.shape == strong.shape == x.shape
+    assert weak.dtype == np.float32
     assert np.abs(weak - x).mean() < np.abs(strong - x).mean()
 
 
@@ -216,13 +223,14 @@ def test_views_keep_shape_and_strong_is_further_from_the_input() -> None:
 def test_unlabelled_pool_is_drawn_from_the_clients_own_shard() -> None:
     fed = Federation("fedsap", clients=2, rounds=1, semi_supervised=True, unlabelled_fraction=0.25)
     client = fed.clients[0]
-    assert isinstance(client, FedSAPClient) and client.pool is not None
+    assert isinstance(client, FedSAPClient)
+    assert client.pool is not None
     x, y = client.labelled()
-    assert len(client.pool) == 8 and len(y) == 24
+    assert len(client.pool) == 8
+    assert len(y) == 24
     rows = {r.tobytes() for r in client.shard.x_train}
-    assert {r.tobytes() for r in client.pool} <= rows and not {r.tobytes() for r in client.pool} & {
-        r.tobytes() for r in x
-    }
+    assert {r.tobytes() for r in client.pool} <= rows
+    assert not {r.tobytes() for r in client.pool} & {r.tobytes() for r in x}
 
 
 def test_semi_supervised_rounds_calibrate_once_and_upload_unit_mixed_prototypes() -> None:
@@ -236,10 +244,13 @@ def test_semi_supervised_rounds_calibrate_once_and_upload_unit_mixed_prototypes(
         threshold_quantile=0.99,
     ).run()
     client = fed.clients[0]
-    assert isinstance(client, FedSAPClient) and client.thresholds is not None and client.semi_round
+    assert isinstance(client, FedSAPClient)
+    assert client.thresholds is not None
+    assert client.semi_round
     body = fed.uploads[0].body
     np.testing.assert_allclose(np.linalg.norm(body["prototypes"], axis=1), 1.0, rtol=1e-5)
     state = client.state_dict()
     fresh = Federation("fedsap", clients=1, rounds=3, semi_supervised=True).clients[0]
     fresh.load_state_dict(state)
-    assert fresh.thresholds == pytest.approx(client.thresholds)  # type: ignore[attr-defined]
+    assert isinstance(fresh, FedSAPClient)
+    assert fresh.thresholds == pytest.approx(client.thresholds)

@@ -101,7 +101,8 @@ def test_a_fleet_of_twenty_clients_completes_a_run(broker: LocalBroker, tmp_path
         start_fleet(fed, "fleet", "0-19")
         summary = fed.finish(timeout=110)
     assert sorted(summary["clients"], key=int) == _ids(0, 19)
-    assert summary["rounds_completed"] == 2 and summary["missing_uploads"] == 0
+    assert summary["rounds_completed"] == 2
+    assert summary["missing_uploads"] == 0
     assert fed.events(event="clients.joined")[0]["live"] == 20
     # One process, twenty MQTT sessions: each runner connected and trained as itself.
     events = read_events(fed.logs / "fleet-0-19.jsonl")
@@ -124,7 +125,8 @@ def test_killing_a_fleet_is_a_mass_dropout_the_coordinator_closes_around(
         fed.kill("fleet-a")  # a site losing power: ten devices at once, no last words
         summary = fed.finish(timeout=90)
     closed = fed.closed_rounds()
-    assert sorted(closed) == [1, 2, 3, 4] and summary["rounds_completed"] == 4
+    assert sorted(closed) == [1, 2, 3, 4]
+    assert summary["rounds_completed"] == 4
     assert fed.stalled_rounds() == []
     for t in (2, 3, 4):  # every last will was heard: no round waited out its deadline
         opened = max(timestamp(e) for e in fed.started(t))
@@ -135,7 +137,8 @@ def test_killing_a_fleet_is_a_mass_dropout_the_coordinator_closes_around(
     assert {c for t, c in accepted if t == 2} >= set(kept)  # open at the kill, closed on time
     for t in (3, 4):  # the rounds opened after the wills: the other fleet's clients only
         assert {c for u, c in accepted if u == t} == set(kept)
-        assert closed[t][-1]["uploads"] == len(kept) and closed[t][-1]["missing"] == []
+        assert closed[t][-1]["uploads"] == len(kept)
+        assert closed[t][-1]["missing"] == []
 
 
 @pytest.mark.slow
@@ -205,8 +208,10 @@ async def test_a_failing_runner_says_offline_and_stops_alone(
             assert not running.done()
             await asyncio.sleep(0.1)
         status = statuses()["1"]
-        assert isinstance(status, Offline) and "a bug in client 1" in status.reason
-        assert list(fleet.failed) == ["1"] and "RuntimeError" in fleet.failed["1"]
+        assert isinstance(status, Offline)
+        assert "a bug in client 1" in status.reason
+        assert list(fleet.failed) == ["1"]
+        assert "RuntimeError" in fleet.failed["1"]
         await asyncio.sleep(1.0)
         assert not running.done()  # the other two still wait for their rounds
         running.cancel()

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from mqttfl.algorithms import get_algorithm
-from mqttfl.algorithms.base import ClientInfo, Context
+from mqttfl.algorithms.base import Context
 from mqttfl.algorithms.fedapa import FedAPAParams
 from mqttfl.engine.gate import UploadGate
 from mqttfl.errors import RejectedUpload
 from mqttfl.wire import Message, encode
+from mqttfl.wire.schemas import ClientInfo
 
 CTX = Context(num_classes=21, embed_dim=8, rounds=5, seed=0, params=FedAPAParams())
 INFO = {c: ClientInfo(c, "tiny", (0, 1), 40, (16, 16)) for c in ("1", "2", "3")}
@@ -25,7 +26,7 @@ def _gate() -> UploadGate:
 def _upload(
     sender: str = "1", t: int = 3, run: str = "run", kind: str = "upload", **body: object
 ) -> bytes:
-    payload = {
+    payload: dict[str, object] = {
         "classes": np.array([0, 1]),
         "prototypes": np.ones((2, 8), np.float32),
     }

@@ -16,13 +16,14 @@ from pathlib import Path
 import numpy as np
 import paho.mqtt.client as paho
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
-from mqttfl.algorithms.base import ClientInfo
 from mqttfl.config import load_config
 from mqttfl.engine.gate import UploadGate
 from mqttfl.errors import RejectedUpload
 from mqttfl.wire import decode
 from mqttfl.wire.control import Offline, Online
+from mqttfl.wire.schemas import ClientInfo
 from tests.faults import RUN_ID, Federation, Witness
 from tests.hostile import (
     CATALOGUE,
@@ -101,9 +102,7 @@ class Actor:
     """A hostile MQTT client (anonymous broker): announces fake devices and fires shots."""
 
     def __init__(self, port: int) -> None:
-        self.client = paho.Client(
-            paho.CallbackAPIVersion.VERSION2, client_id=f"actor-{time.time_ns()}"
-        )
+        self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"actor-{time.time_ns()}")
         self.client.connect("127.0.0.1", port)
         self.client.loop_start()
 
@@ -116,7 +115,7 @@ class Actor:
 
 
 @pytest.mark.slow
-def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -> None:  # noqa: ANN001
+def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -> None:
     base = f"mqttfl/{RUN_ID}"
     max_bytes = 200_000
     with (
@@ -205,10 +204,11 @@ def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -
     # Nothing poisoned reached aggregation: round 1 aggregated exactly the two real clients and
     # the two valid fake uploads, and h1's row of the padded prototypes is its valid upload.
     closed1 = fed.closed_rounds()[1][0]
-    assert closed1["uploads"] == 4 and closed1["missing"] == []
+    assert closed1["uploads"] == 4
+    assert closed1["missing"] == []
     down = [
         decode(m.payload)
-        for m in witness.seen(lambda m: m.topic.endswith("/round/1/down/all") and m.payload)
+        for m in witness.seen(lambda m: m.topic.endswith("/round/1/down/all") and bool(m.payload))
     ]
     body = down[0].body
     assert body["_personal"] == ["0", "1", "h1", "h3"]

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import paho.mqtt.client as paho
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from mqttfl.provisioning.broker_init import init_broker
 from mqttfl.provisioning.local_broker import LocalBroker, free_port
@@ -66,7 +67,7 @@ def _from(kind: str, t: int, sender: str, body: dict[str, object]) -> bytes:
 def catalogue(method: str) -> list[Shot]:
     c = "coordinator"
     huge = np.full((2, EMBED), 3e38, np.float32)
-    metrics = {"accuracy": 0.5, "f1": 0.5, "mae": 1.0}
+    metrics: dict[str, object] = {"accuracy": 0.5, "f1": 0.5, "mae": 1.0}
     ghost = ("client_info",) if method == "fedali" else ()  # FedAli serves transformers only
     shots = [
         Shot("unicode digit round", "round/²/up/0", _from("upload", 1, "0", {}), c, ("topic",)),
@@ -262,7 +263,7 @@ class Attacker:
         self, port: int, *, username: str | None = None, password: str | None = None
     ) -> None:
         self.client = paho.Client(
-            paho.CallbackAPIVersion.VERSION2, client_id=f"attacker-{time.time_ns()}"
+            CallbackAPIVersion.VERSION2, client_id=f"attacker-{time.time_ns()}"
         )
         if username:
             self.client.username_pw_set(username, password)

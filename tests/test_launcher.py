@@ -105,15 +105,19 @@ def test_a_signal_tears_everything_down(tmp_path: Path, signum: int, code: int) 
         assert len(running) >= 4, running
         # The run's own broker takes only this run's generated identities.
         conf = (out / "broker" / "mosquitto.conf").read_text()
-        port = re.search(r"^listener (\d+)", conf, re.M).group(1)  # type: ignore[union-attr]
+        listener = re.search(r"^listener (\d+)", conf, re.M)
+        assert listener is not None, conf
+        port = listener.group(1)
         anonymous = subprocess.run(
             ["mosquitto_pub", "-p", port, "-t", "mqttfl/fedapa-csi/round/1/start", "-m", "x"],
             capture_output=True,
             text=True,
             timeout=10,
         )
-        assert anonymous.returncode != 0 and "not authori" in anonymous.stderr.lower()
-        assert "allow_anonymous false" in conf and (out / "broker" / "acl").exists()
+        assert anonymous.returncode != 0
+        assert "not authori" in anonymous.stderr.lower()
+        assert "allow_anonymous false" in conf
+        assert (out / "broker" / "acl").exists()
         proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=60)
     finally:

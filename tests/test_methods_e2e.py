@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ PROTOTYPE_BYTES = 21 * 256 * 4 + 1000  # the most a prototype upload can carry
 
 
 def _overrides(*items: str) -> list[str]:
-    return sum((["--set", s] for s in (*FAST, *items)), [])
+    return functools.reduce(operator.iadd, (["--set", s] for s in (*FAST, *items)), [])
 
 
 def _run(method: str, out: Path, *extra: str) -> dict[str, Any]:
@@ -36,7 +38,8 @@ def _run(method: str, out: Path, *extra: str) -> dict[str, Any]:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
-    assert summary["method"] == method and summary["rounds_completed"] == 2
+    assert summary["method"] == method
+    assert summary["rounds_completed"] == 2
     assert set(summary["clients"]) == {"0", "1", "2"}
     assert set(summary["rejections"]) <= BENIGN, summary["rejections"]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -105,7 +108,8 @@ def test_fedsap_semi_supervised_phase(tmp_path: Path) -> None:
         calibrated = _events(out, client, "fedsap.thresholds_calibrated")
         assert [e["round"] for e in calibrated] == [2]  # once, at the end of the supervised phase
         pseudo = _events(out, client, "fedsap.pseudo_labels")
-        assert [e["round"] for e in pseudo] == [2] and pseudo[0]["seen"] > 0
+        assert [e["round"] for e in pseudo] == [2]
+        assert pseudo[0]["seen"] > 0
 
 
 def test_compare_two_methods(tmp_path: Path) -> None:
@@ -123,21 +127,23 @@ def test_compare_two_methods(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     table = (out / "compare.md").read_text()
-    assert "Statistical Data: Acc. (%)" in table and "Model Architecture: KB" in table
-    assert "fedali *" in table and "needs model `transformer`" in table
+    assert "Statistical Data: Acc. (%)" in table
+    assert "Model Architecture: KB" in table
+    assert "fedali *" in table
+    assert "needs model `transformer`" in table
     data = json.loads((out / "compare.json").read_text())
     rows = {(r["method"], r["setting"]): r for r in data["rows"]}
     assert set(rows) == {(m, s) for m in ("fedproto", "fedali") for s in ("data", "model")}
     for row in rows.values():
-        assert row["runs"] == 1 and row["accuracy"]["std"] == 0.0 and row["kb"]["mean"] > 0
+        assert row["runs"] == 1
+        assert row["accuracy"]["std"] == 0.0
+        assert row["kb"]["mean"] > 0
     assert rows[("fedproto", "data")]["kb"]["mean"] < rows[("fedali", "data")]["kb"]["mean"]
     hetero = json.loads((out / "model" / "fedproto" / "seed-0" / "summary.json").read_text())
     assert hetero["config"]["model"]["per_client"] == ["tiny", "middle", "large"]
     fedali = json.loads((out / "model" / "fedali" / "seed-0" / "summary.json").read_text())
-    assert (
-        fedali["config"]["model"]["name"] == "transformer"
-        and fedali["config"]["model"]["per_client"] == []
-    )
+    assert fedali["config"]["model"]["name"] == "transformer"
+    assert fedali["config"]["model"]["per_client"] == []
     assert all(set(run["curve"]) == {"1", "2"} for run in data["runs"])
     assert (out / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -4,20 +4,24 @@ engine (in process, tests/inprocess.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from mqttfl.algorithms import algorithm_names, get_algorithm
-from mqttfl.algorithms.base import ClientInfo, Context, Upload
+from mqttfl.algorithms.base import Context, Upload
 from mqttfl.algorithms.fedcaring import FedCaringParams, FedCaringServer, caring_weights
 from mqttfl.algorithms.fedproto import FedProtoClient, FedProtoParams, FedProtoServer
 from mqttfl.algorithms.prototypes import global_bank, nearest_prototype, prototype_mse
 from mqttfl.algorithms.weights import flatten_weights
+from mqttfl.algorithms.wifed import WiFedClient
 from mqttfl.engine.gate import UploadGate
 from mqttfl.errors import RejectedUpload, WireError
 from mqttfl.wire import Message, encode
+from mqttfl.wire.schemas import ClientInfo
 from tests.inprocess import Federation
 
 MY_METHODS = ("fedproto", "fedsap", "fedali", "fedpam", "wifed", "fedcaring")
@@ -63,7 +67,8 @@ def test_fedproto_server_broadcasts_the_bank_and_never_weights() -> None:
             _proto_upload("1", [0, 2], PROTOS[1, [0, 2]], [1, 2]),
         ],
     )
-    assert set(down.broadcast) == {"prototypes", "available"} and down.personal == {}
+    assert set(down.broadcast) == {"prototypes", "available"}
+    assert down.personal == {}
     np.testing.assert_allclose(down.broadcast["prototypes"][0], [2, 2])
     assert down.broadcast["available"].tolist() == [1, 1, 1, 0]
     weighted = Context(
@@ -114,7 +119,7 @@ def test_fedproto_loss_is_ce_plus_lambda_mse() -> None:
 def test_prototype_clients_report_head_and_nearest_prototype_inference() -> None:
     fed = Federation("fedproto").run()
     client = fed.clients[0]
-    extra = client.extra_metrics(client.shard.x_test, client.shard.y_test)  # type: ignore[attr-defined]
+    extra = client.extra_metrics(client.shard.x_test, client.shard.y_test)
     assert {
         "head_accuracy",
         "head_f1",
@@ -124,11 +129,13 @@ def test_prototype_clients_report_head_and_nearest_prototype_inference() -> None
         "proto_mae",
     } <= set(extra)
     proto = Federation("fedproto", inference="prototype").run().clients[0]
-    assert proto.bank is not None and proto.available is not None  # type: ignore[attr-defined]
+    assert isinstance(proto, FedProtoClient)
+    assert proto.bank is not None
+    assert proto.available is not None
     proto.model.eval()
     with torch.no_grad():
         z = proto.model.embed(torch.from_numpy(proto.shard.x_test))
-    expected = nearest_prototype(z, proto.bank, proto.available).numpy()  # type: ignore[attr-defined]
+    expected = nearest_prototype(z, proto.bank, proto.available).numpy()
     np.testing.assert_array_equal(proto.predict(proto.shard.x_test), expected)
 
 
@@ -185,20 +192,24 @@ def test_caring_client_declares_and_sends_its_local_performance() -> None:
 def test_wifed_fine_tunes_a_copy_and_keeps_the_global_model_for_training() -> None:
     fed = Federation("wifed", clients=2, rounds=1).run()  # each client predicted once
     client = fed.clients[0]
+    assert isinstance(client, WiFedClient)
     global_weights = fed.server.aggregate(1, fed.uploads).broadcast["weights"]["middle"]
     np.testing.assert_allclose(flatten_weights(client.model), global_weights, rtol=1e-6)
-    tuned = client.personal  # type: ignore[attr-defined]
-    assert tuned is not None and not np.allclose(flatten_weights(tuned), global_weights)
+    tuned = client.personal
+    assert tuned is not None
+    assert not np.allclose(flatten_weights(tuned), global_weights)
     tuned.eval()
     with torch.no_grad():
         expected = tuned(torch.from_numpy(client.shard.x_test))[0].argmax(dim=1).numpy()
     np.testing.assert_array_equal(client.predict(client.shard.x_test), expected)
-    assert client.personal is tuned  # tuned once per round, not once per call  # type: ignore[attr-defined]
+    assert client.personal is tuned  # tuned once per round, not once per call
 
 
 def test_wifed_without_fine_tuning_is_fedavg() -> None:
     client = Federation("wifed", clients=2, rounds=1, finetune_epochs=0).run().clients[0]
-    np.testing.assert_array_equal(flatten_weights(client.personal), flatten_weights(client.model))  # type: ignore[attr-defined]
+    assert isinstance(client, WiFedClient)
+    assert client.personal is not None
+    np.testing.assert_array_equal(flatten_weights(client.personal), flatten_weights(client.model))
 
 
 # --- every method, in process ------------------------------------------------------------
@@ -206,7 +217,8 @@ def test_wifed_without_fine_tuning_is_fedavg() -> None:
 def test_each_method_runs_two_rounds_through_its_schema(name: str) -> None:
     arch = "transformer" if name == "fedali" else "middle"
     fed = Federation(name, arch=arch).run()
-    assert len(fed.accuracy) == 2 and all(0.0 <= a <= 1.0 for a in fed.accuracy)
+    assert len(fed.accuracy) == 2
+    assert all(0.0 <= a <= 1.0 for a in fed.accuracy)
 
 
 @pytest.mark.parametrize("name", ["fedproto", "fedsap"])
@@ -228,7 +240,7 @@ def test_every_registered_method_name_is_known() -> None:
 
 
 # --- permitted payloads ----------------------------------------------------------------
-FORBIDDEN = {
+FORBIDDEN: dict[str, dict[str, Any]] = {
     "fedproto": {"weights": np.ones(10, np.float32)},
     "fedsap": {"weights": np.ones(10, np.float32)},
     "fedpam": {"pam": np.eye(8, dtype=np.float32)},

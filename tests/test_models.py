@@ -50,7 +50,8 @@ def test_interface_is_consistent(name: str) -> None:
 def test_mlp_shapes_and_input_dim() -> None:
     model = build_model("mlp", num_classes=21, input_dim=12)
     logits, z = model(torch.randn(3, 12))
-    assert logits.shape == (3, 21) and z.shape == (3, 256)
+    assert logits.shape == (3, 21)
+    assert z.shape == (3, 256)
     with pytest.raises(ValueError, match="12 features"):
         model(torch.randn(3, 13))
     with pytest.raises(ValueError, match="input_dim"):
@@ -82,7 +83,8 @@ def test_flops_scale_with_input_area() -> None:
     for name in ("tiny", "middle", "large"):
         model = build_model(name, num_classes=20)
         small, big = count_flops(model, (64, 64)), count_flops(model, (128, 128))
-        assert isinstance(small, int) and small > 0
+        assert isinstance(small, int)
+        assert small > 0
         assert 3.5 < big / small <= 4.0
 
 

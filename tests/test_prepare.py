@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -59,13 +60,14 @@ def test_labels_from_file_names_use_the_activity_vocabulary():
 def test_labels_from_regex_constant_and_classes():
     paths = [Path("baseline_c3_1.npz"), Path("movement_c3_2.npz")]
     names, ys, classes = resolve_labels("regex:^.*/?(baseline|movement)_", paths)
-    assert (
-        names == ["baseline", "movement"] and ys == [0, 1] and classes == ["baseline", "movement"]
-    )
+    assert names == ["baseline", "movement"]
+    assert ys == [0, 1]
+    assert classes == ["baseline", "movement"]
     _, ys, classes = resolve_labels(
         r"regex:(?P<label>baseline|movement)", paths, classes=["movement", "baseline"]
     )
-    assert ys == [1, 0] and classes == ["movement", "baseline"]
+    assert ys == [1, 0]
+    assert classes == ["movement", "baseline"]
     assert resolve_labels("3", paths)[1:] == ([3, 3], None)
     assert resolve_labels(7, paths)[1] == [7, 7]
     with pytest.raises(DataError, match="does not match"):
@@ -88,7 +90,7 @@ def test_labels_from_mapping_files(tmp_path):
     assert "c.dat" in str(info.value)
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(DataError, match="bad.json"):
+    with pytest.raises(DataError, match=re.escape("bad.json")):
         resolve_labels(f"map:{bad}", [a])
 
 
@@ -96,7 +98,7 @@ def test_parse_subcarriers():
     assert parse_subcarriers("auto") is None
     assert parse_subcarriers("all") == "all"
     assert parse_subcarriers("0-2,5,7..8") == [0, 1, 2, 5, 7, 8]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="bad subcarrier list item"):
         parse_subcarriers("x")
 
 
@@ -112,21 +114,29 @@ def test_time_split_has_no_leak_and_round_trips(tmp_path):
     )
     assert dirs == [out]
     shard = load_shard(out)
-    assert shard.x_train.shape[1:] == (10, 4) and shard.x_train.dtype == np.float32
+    assert shard.x_train.shape[1:] == (10, 4)
+    assert shard.x_train.dtype == np.float32
     for y, lo, hi in ((0, 0, 100), (1, 1000, 1060)):
         train = {int(v) for v in shard.x_train[shard.y_train == y][..., 0].ravel()}
         test = {int(v) for v in shard.x_test[shard.y_test == y][..., 0].ravel()}
-        assert train and test and not train & test
-        assert max(train) < min(test) and lo <= min(train) and max(test) < hi
+        assert train
+        assert test
+        assert not train & test
+        assert max(train) < min(test)
+        assert lo <= min(train)
+        assert max(test) < hi
     meta = shard.meta
-    assert meta["window"] == 10 and meta["stride"] == 5 and meta["kind"] == "csi-windows"
+    assert meta["window"] == 10
+    assert meta["stride"] == 5
+    assert meta["kind"] == "csi-windows"
     assert meta["source_files"] == [str(a), str(b)]
     assert meta["label_counts"]["train"] == {
         "0": int((shard.y_train == 0).sum()),
         "1": int((shard.y_train == 1).sum()),
     }
     summary = inspect_shard(out)
-    assert summary["num_train"] == shard.num_train and summary["sample_shape"] == [10, 4]
+    assert summary["num_train"] == shard.num_train
+    assert summary["sample_shape"] == [10, 4]
     json.dumps(summary)
 
 
@@ -148,7 +158,8 @@ def test_normalization_is_fitted_on_train(tmp_path):
 def test_feature_vector_shards(tmp_path):
     np.savez(tmp_path / "f.npz", x=np.arange(40, dtype=np.float64).reshape(10, 4))
     shard = build_shards("npz", [tmp_path / "f.npz"], labels="1", features=True)[0]
-    assert shard.x_train.shape == (8, 4) and shard.x_test.shape == (2, 4)
+    assert shard.x_train.shape == (8, 4)
+    assert shard.x_test.shape == (2, 4)
     assert shard.x_test[:, 0].min() > shard.x_train[:, 0].max()
     assert shard.meta["kind"] == "features"
 
@@ -162,7 +173,8 @@ def test_clients_per_file_and_per_dir(tmp_path):
     assert dirs == [out / f"client-{i}" for i in range(4)]
     assert [load_shard(d).meta["client_index"] for d in dirs] == [0, 1, 2, 3]
     shards = build_shards("csv", files, labels="0", window=10, group_by="dir")
-    assert len(shards) == 2 and shards[1].meta["source_files"] == [str(f) for f in files[2:]]
+    assert len(shards) == 2
+    assert shards[1].meta["source_files"] == [str(f) for f in files[2:]]
 
 
 @pytest.mark.shared_data
@@ -258,7 +270,8 @@ def test_existing_output_is_not_touched(tmp_path):
         prepare_shards("csv", [a], labels="0", out=out, window=10)
     assert (out / "keep.txt").read_text() == "mine"
     prepare_shards("csv", [a], labels="0", out=out, window=10, overwrite=True)
-    assert not (out / "keep.txt").exists() and load_shard(out).num_train > 0
+    assert not (out / "keep.txt").exists()
+    assert load_shard(out).num_train > 0
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -297,7 +310,8 @@ def test_cli_prepare_and_inspect(tmp_path, capsys):
     args = _parser().parse_args(["data", "inspect", str(out)])
     assert args.func(args) == 0
     text = capsys.readouterr().out
-    assert "train:" in text and "walk" in text
+    assert "train:" in text
+    assert "walk" in text
     args = _parser().parse_args(["data", "inspect", str(out), "--json"])
     args.func(args)
     assert json.loads(capsys.readouterr().out)["num_train"] == load_shard(out).num_train
@@ -322,7 +336,10 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
         ]
     )
     err = capsys.readouterr().err
-    assert code == 2 and "nope.csv" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert code == 2
+    assert "nope.csv" in err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
     assert not out.exists()
 
 
@@ -344,8 +361,9 @@ def test_espectre_federation():
         assert np.isfinite(shard.x_train).all()
         files = shard.meta["files"]
         if chip == "c3":  # held-out test recording, windowed on each side of packet 3040
-            test_file = [f for f in files if "test_c3" in f["path"]][0]
-            assert test_file["train"] == 0 and test_file["motion_start"] == 3040
+            test_file = next(f for f in files if "test_c3" in f["path"])
+            assert test_file["train"] == 0
+            assert test_file["motion_start"] == 3040
             assert test_file["test_per_label"] == {
                 "quiet": 3040 // window,
                 "movement": (test_file["packets"] - 3040) // window,
@@ -353,7 +371,8 @@ def test_espectre_federation():
             assert all(f["test"] == 0 for f in files if f is not test_file)
         else:  # split by time inside each recording: windows never overlap
             for f in files:
-                assert f["test"] >= 1 and (f["train"] + f["test"]) * window <= f["packets"]
+                assert f["test"] >= 1
+                assert (f["train"] + f["test"]) * window <= f["packets"]
     assert shapes == {(window, 51)}
 
 

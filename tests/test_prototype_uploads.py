@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from mqttfl.algorithms import get_algorithm
-from mqttfl.algorithms.base import ClientInfo, Context
+from mqttfl.algorithms.base import Context
 from mqttfl.config import TrainConfig
 from mqttfl.data.shard import Shard
 from mqttfl.models import build_model
+from mqttfl.wire.schemas import ClientInfo
 
 INFO = ClientInfo("0", "tiny", (0, 1, 2), 12, (8, 6))
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "configs/fedapa-csi.toml",
         "--out",
         str(out),
-        *sum((["--set", s] for s in overrides), []),
+        *functools.reduce(operator.iadd, (["--set", s] for s in overrides), []),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return out
@@ -35,7 +37,9 @@ def test_report_renders_tables_and_plots_from_a_run(tiny_run: Path, tmp_path: Pa
     summary = json.loads((tiny_run / "summary.json").read_text())
     markdown = (out / "report.md").read_text()
     assert markdown == result.stdout.split("\nreport: ")[0]
-    method_row = next(line for line in markdown.splitlines() if line.startswith("| fedapa | 1 |"))
+    method_row = next(
+        line for line in markdown.splitlines() if line.startswith("| fedapa | session | 1 |")
+    )
     assert f"{summary['mean']['accuracy'] * 100:.2f} ± 0.00" in method_row
     assert f"{summary['comm']['up_bytes_per_client_round'] / 1000:.2f} ± 0.00" in method_row
     for client in ("0", "1"):
@@ -60,12 +64,13 @@ def test_report_renders_tables_and_plots_from_a_run(tiny_run: Path, tmp_path: Pa
 def test_report_finds_runs_below_a_folder_and_defaults_its_output(tiny_run: Path) -> None:
     result = mqttfl("report", str(tiny_run.parent))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "| run | fedapa | 2 | 2 |" in result.stdout
+    assert "| run | fedapa | session | 2 | 2 |" in result.stdout
     assert (tiny_run.parent / "report" / "report.md").is_file()
 
 
 def test_report_without_runs_is_one_clear_line(tmp_path: Path) -> None:
     result = mqttfl("report", str(tmp_path))
     assert result.returncode == 2
-    assert "no run directory" in result.stderr and str(tmp_path) in result.stderr
+    assert "no run directory" in result.stderr
+    assert str(tmp_path) in result.stderr
     assert "Traceback" not in result.stderr

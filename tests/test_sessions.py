@@ -22,7 +22,8 @@ from tests._shared_data import require_shared
 
 
 def _disjoint(shard_s_train: np.ndarray | None, shard_s_test: np.ndarray | None) -> bool:
-    assert shard_s_train is not None and shard_s_test is not None
+    assert shard_s_train is not None
+    assert shard_s_test is not None
     return not set(shard_s_train.tolist()) & set(shard_s_test.tolist())
 
 
@@ -56,7 +57,8 @@ def test_a_label_in_one_session_is_never_tested() -> None:
 def test_synthetic_session_split_holds_out_whole_days() -> None:
     window = make_room_shard(1, seed=3, window=8, samples=120, split="window")
     session = make_room_shard(1, seed=3, window=8, samples=120, split="session")
-    assert window.has_sessions and session.has_sessions
+    assert window.has_sessions
+    assert session.has_sessions
     assert not _disjoint(window.s_train, window.s_test)  # the papers' split shares sessions
     assert _disjoint(session.s_train, session.s_test)
     assert session.meta["split"]["method"] == "session"
@@ -74,7 +76,8 @@ def test_espectre_session_split_holds_out_whole_recordings() -> None:
         assert set(np.unique(shard.y_test).tolist()) == {0, 1}
         assert shard.meta["ordinal"] is False
         tested = shard.meta["split"]["test_sessions"]
-        assert tested and not set(tested) & set(shard.meta["split"]["train_sessions"])
+        assert tested
+        assert not set(tested) & set(shard.meta["split"]["train_sessions"])
 
 
 def test_prepared_session_split_by_regex_and_inspect_shows_sessions(
@@ -113,7 +116,8 @@ def test_prepared_session_split_by_regex_and_inspect_shows_sessions(
     assert main(["data", "inspect", str(out)]) == 0
     shown = capsys.readouterr().out
     assert "split: session" in shown
-    assert "brushteeth: 1 (may)" in shown and "brushteeth: 1 (august)" in shown
+    assert "brushteeth: 1 (may)" in shown
+    assert "brushteeth: 1 (august)" in shown
     assert main(["data", "inspect", "--json", str(out)]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["sessions_per_label"]["test"] == {
@@ -140,7 +144,8 @@ def test_session_ids_survive_a_round_trip_and_bad_ones_are_rejected(tmp_path: Pa
     shard = make_room_shard(0, seed=1, window=4, samples=60, split="session")
     save_shard(shard, tmp_path / "s")
     back = load_shard(tmp_path / "s")
-    assert back.s_train is not None and shard.s_train is not None
+    assert back.s_train is not None
+    assert shard.s_train is not None
     assert np.array_equal(back.s_train, shard.s_train)
     with np.load(tmp_path / "s" / "shard.npz") as npz:
         arrays = dict(npz)
@@ -155,17 +160,17 @@ def test_the_config_split_reaches_the_source_and_is_checked(tmp_path: Path) -> N
     config = load_config(None, ["data.split=session", "data.samples_per_client=60"])
     shard = load_client_shard(config.data, "2", seed=0, num_classes=21, num_clients=6)
     assert shard.meta["split"]["method"] == "session"
-    with pytest.raises(ConfigError, match="data.split"):
+    with pytest.raises(ConfigError, match=r"data\.split"):
         load_config(None, ["data.split=days"])
     digits = load_config(None, ["data.split=session", "data.source=digits"])
-    with pytest.raises(ConfigError, match="data.split"):
+    with pytest.raises(ConfigError, match=r"data\.split"):
         load_client_shard(digits.data, "0", seed=0, num_classes=10, num_clients=2)
     # a prepared shard keeps the split it was prepared with: a mismatch is an error
     save_shard(make_room_shard(0, seed=0, window=4, samples=40), tmp_path / "client-0")
     shards = load_config(
         None, ["data.source=shards", f"data.path={tmp_path}", "data.split=session"]
     )
-    with pytest.raises(DataError, match="window split, but data.split is 'session'"):
+    with pytest.raises(DataError, match=r"window split, but data\.split is 'session'"):
         load_client_shard(shards.data, "0", seed=0, num_classes=21, num_clients=1)
 
 
@@ -211,4 +216,5 @@ def test_a_label_error_says_what_the_classes_were_parsed_as(
     code = main([*args, "--label", "7", "--classes", "0..10", "--out", str(tmp_path / "o")])
     assert code == 0
     shard = load_shard(tmp_path / "o")
-    assert shard.meta["ordinal"] is True and set(shard.y_train.tolist()) == {7}
+    assert shard.meta["ordinal"] is True
+    assert set(shard.y_train.tolist()) == {7}

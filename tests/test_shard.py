@@ -103,7 +103,8 @@ def test_bad_meta_is_named(tmp_path: Path) -> None:
 
 def _write_npz(directory: Path, **arrays: np.ndarray) -> None:
     directory.mkdir()
-    np.savez(directory / "shard.npz", **arrays)
+    # numpy's default, spelled out: the object-array case below has to be writable
+    np.savez(directory / "shard.npz", allow_pickle=True, **arrays)
     (directory / "meta.json").write_text(json.dumps({"source": "test"}))
 
 
@@ -119,7 +120,7 @@ def _write_npz(directory: Path, **arrays: np.ndarray) -> None:
 def test_inconsistent_arrays_are_rejected(
     tmp_path: Path, arrays: dict[str, np.ndarray], message: str
 ) -> None:
-    good = {
+    good: dict[str, np.ndarray] = {
         "x_train": np.zeros((4, 2, 2), np.float32),
         "y_train": np.zeros(4, np.int64),
         "x_test": np.zeros((2, 2, 2), np.float32),

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import numpy as np
 import pytest
 
 from mqttfl.data.synthetic import ROOM_NAMES, make_room_shard, room_profile
 
-SMALL = {"window": 16, "samples": 100}
+SMALL: dict[str, Any] = {"window": 16, "samples": 100}
 
 
 def test_deterministic_for_the_same_arguments() -> None:
@@ -33,13 +36,17 @@ def test_seed_and_client_change_the_data() -> None:
 def test_dtypes_shapes_and_ranges() -> None:
     shard = make_room_shard(2, seed=0, **SMALL)
     s = shard.meta["subcarriers"]
-    assert shard.x_train.dtype == np.float32 and shard.y_train.dtype == np.int64
+    assert shard.x_train.dtype == np.float32
+    assert shard.y_train.dtype == np.int64
     assert shard.x_train.shape == (shard.num_train, 16, s)
     assert shard.x_test.shape == (shard.num_test, 16, s)
-    assert shard.y_train.min() >= 0 and shard.y_train.max() <= 20
-    assert np.isfinite(shard.x_train).all() and (shard.x_train >= 0).all()
+    assert shard.y_train.min() >= 0
+    assert shard.y_train.max() <= 20
+    assert np.isfinite(shard.x_train).all()
+    assert (shard.x_train >= 0).all()
     assert 0.1 < float(shard.x_train.mean()) < 5.0  # amplitudes are O(1)
-    assert shard.meta["source"] == "synthetic" and shard.meta["window"] == 16
+    assert shard.meta["source"] == "synthetic"
+    assert shard.meta["window"] == 16
     assert shard.meta["label_counts"] == {str(k): v for k, v in shard.label_counts.items()}
 
 
@@ -74,21 +81,22 @@ def test_subcarriers_follow_the_room() -> None:
 
 def test_small_class_counts_work() -> None:
     shard = make_room_shard(0, seed=0, window=4, samples=20, num_classes=4)
-    assert shard.y_train.max() < 4 and shard.num_test == 4
+    assert shard.y_train.max() < 4
+    assert shard.num_test == 4
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "message"),
     [
-        {"seed": -1},
-        {"seed": 0, "window": 0},
-        {"seed": 0, "samples": 1},
-        {"seed": 0, "test_fraction": 1.0},
+        ({"seed": -1}, "must be non-negative"),
+        ({"seed": 0, "window": 0}, "need window >= 1"),
+        ({"seed": 0, "samples": 1}, "samples >= 2"),
+        ({"seed": 0, "test_fraction": 1.0}, "test_fraction must be in"),
     ],
 )
-def test_bad_arguments(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError):
-        make_room_shard(0, **kwargs)  # type: ignore[arg-type]
+def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make_room_shard(0, **kwargs)
 
 
 def test_one_device_for_every_room() -> None:

@@ -29,6 +29,13 @@ MODULES = [
     "mqttfl.evaluation.reference",
     "mqttfl.nodes.device",
     "mqttfl.commands.data",
+    "mqttfl.commands.run",
+    "mqttfl.commands.watch",
+    "mqttfl.commands.broker",
+    "mqttfl.bus.transport",
+    "mqttfl.monitor.view",
+    "mqttfl.launch.local",
+    "mqttfl.evaluation.compare",
 ]
 
 
@@ -49,7 +56,8 @@ def test_the_server_side_of_every_prototype_method_aggregates_without_torch() ->
     code = """
 import numpy as np
 from mqttfl.algorithms import get_algorithm
-from mqttfl.algorithms.base import ClientInfo, Context, Upload
+from mqttfl.algorithms.base import Context, Upload
+from mqttfl.wire.schemas import ClientInfo
 for name in ("fedapa", "fedapa-global-avg", "fedapa-global-avg-client-protos", "fedproto", "fedsap", "local"):
     algorithm = get_algorithm(name)
     ctx = Context(num_classes=4, embed_dim=8, rounds=3, seed=0, params=algorithm.params())
@@ -76,7 +84,8 @@ def test_the_server_side_of_every_weight_method_checks_and_aggregates_without_to
     code = """
 import numpy as np
 from mqttfl.algorithms import get_algorithm
-from mqttfl.algorithms.base import ClientInfo, Context, Upload
+from mqttfl.algorithms.base import Context, Upload
+from mqttfl.wire.schemas import ClientInfo
 for name, arch in (("fedavg", "large"), ("fedcaring", "tiny"), ("wifed", "middle"),
                    ("fedpam", "cnn"), ("fedali", "transformer")):
     algorithm = get_algorithm(name)

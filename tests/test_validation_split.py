@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from mqttfl.config import load_config
+from mqttfl.data.shard import Shard
 from mqttfl.data.sources import load_client_shard, validation_shard
 from mqttfl.data.synthetic import make_room_shard
 from mqttfl.errors import ConfigError, DataError
@@ -15,7 +18,7 @@ def _rows(x: np.ndarray) -> set[bytes]:
     return {row.tobytes() for row in x}
 
 
-def _shard(fraction: float, seed: int = 0, client: str = "2"):  # type: ignore[no-untyped-def]
+def _shard(fraction: float, seed: int = 0, client: str = "2") -> Shard:
     config = load_config(
         None, ["data.samples_per_client=80", f"data.validation_fraction={fraction}"]
     )
@@ -53,7 +56,7 @@ def test_off_by_default() -> None:
 
 @pytest.mark.parametrize("value", ["1.0", "-0.1", "half"])
 def test_a_bad_fraction_names_the_key(value: str) -> None:
-    with pytest.raises(ConfigError, match="data.validation_fraction"):
+    with pytest.raises(ConfigError, match=re.escape("data.validation_fraction")):
         load_config(None, [f"data.validation_fraction={value}"])
 
 

@@ -25,7 +25,7 @@ from rich.console import Console
 
 import mqttfl.monitor.view as watch
 from mqttfl.commands import main as cli
-from mqttfl.monitor.view import FederationView, render
+from mqttfl.monitor.view import FederationView, render, watch_topics
 from mqttfl.provisioning.local_broker import LocalBroker
 from mqttfl.wire import Topics
 from mqttfl.wire.codec import Message, encode
@@ -86,7 +86,8 @@ def test_the_view_follows_a_round_from_the_retained_status_to_the_finish() -> No
     assert view.closed_through == 2
     screen = _screen(view, 110.2)
     assert "round 3 open · deadline ≤20s · uploads 0/3 · missing 0, 1, 2" in screen
-    assert "clients 2 online, 1 offline" in screen and "rounds closed 2" in screen
+    assert "clients 2 online, 1 offline" in screen
+    assert "rounds closed 2" in screen
     assert "offline (connection lost)" in _row(screen, "2")
 
     # Live: the round is announced again; the coordinator already holds client 1's upload.
@@ -104,18 +105,21 @@ def test_the_view_follows_a_round_from_the_retained_status_to_the_finish() -> No
     screen = _screen(view, 128.0, recent=True)
     assert "round 3 open · deadline 50s · uploads 2/3 · missing 2" in screen
     assert re.search(r"│ 0 +│ - +│ online +│ uploaded +│ +0\.750 │ +1\.25 │ +2 │", screen)
-    assert "uploaded" in _row(screen, "1") and "training" in _row(screen, "2")
+    assert "uploaded" in _row(screen, "1")
+    assert "training" in _row(screen, "2")
     assert "client 0 uploaded round 3 (2/3)" in screen  # the recent events under the table
 
     assert view.apply(T.state, RunStatus("closed", 3).encode(RUN), 130.0) == ["round 3 closed"]
     screen = _screen(view, 131.0)
-    assert "round 3 closed · waiting for round 4" in screen and "missed" in _row(screen, "2")
+    assert "round 3 closed · waiting for round 4" in screen
+    assert "missed" in _row(screen, "2")
     assert view.apply(T.state, RunStatus("closed", 3).encode(RUN), 130.5) == []  # a repeat
     assert not view.finished
     assert view.apply(T.state, RunStatus("finished", 3).encode(RUN), 140.0) == [
         "run finished after round 3"
     ]
-    assert view.finished and view.rejected == {}
+    assert view.finished
+    assert view.rejected == {}
     assert "run finished after round 3" in _screen(view, 141.0)
     assert view.connection(False, 142.0) == ["broker connection lost, reconnecting"]
     assert "broker not connected" in _screen(view, 142.0)
@@ -130,7 +134,8 @@ def test_a_live_start_makes_the_retained_deadline_exact() -> None:
     ]
     assert not view.deadline_exact
     assert view.apply(T.start(1), start.encode(RUN), 0.2) == []  # same announcement
-    assert view.deadline_exact and view.deadline == pytest.approx(30.2)
+    assert view.deadline_exact
+    assert view.deadline == pytest.approx(30.2)
     # Long after connecting, a run status is live: its deadline is exact.
     later = RoundStart(2, ("0",), 20.0, {}, announcement=2)
     assert view.apply(T.state, RunStatus("open", 2, later).encode(RUN), 40.0) == [
@@ -138,7 +143,8 @@ def test_a_live_start_makes_the_retained_deadline_exact() -> None:
     ]
     assert view.closed_through == 1
     # Tallies of rounds long gone are dropped; an old start changes nothing.
-    assert view.apply(T.start(1), start.encode(RUN), 41.0) == [] and view.round == 2
+    assert view.apply(T.start(1), start.encode(RUN), 41.0) == []
+    assert view.round == 2
 
 
 def test_a_site_is_shown_when_a_status_carries_one(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,9 +206,13 @@ def test_a_hostile_message_is_counted_by_its_reason_and_changes_nothing(
 ) -> None:
     view = FederationView(RUN, max_upload_bytes=LIMIT)
     [event] = view.apply(topic, payload, 1.0)
-    assert event.startswith("rejected ") and event.endswith(f": {reason}")
-    assert view.rejected == {reason: 1} and view.clients == {} and view.uploads == {}
-    assert view.phase == "unknown" and view.round == 0
+    assert event.startswith("rejected ")
+    assert event.endswith(f": {reason}")
+    assert view.rejected == {reason: 1}
+    assert view.clients == {}
+    assert view.uploads == {}
+    assert view.phase == "unknown"
+    assert view.round == 0
     assert f"rejected messages: {reason} 1" in _screen(view, 2.0)
 
 
@@ -211,9 +221,11 @@ def test_rejections_add_up_by_reason_next_to_good_messages() -> None:
     for topic, payload, _ in HOSTILE:
         view.apply(topic, payload, 1.0)
     view.apply(T.status("0"), _online("0"), 1.0)
-    assert view.clients["0"].online is True and view.messages == len(HOSTILE) + 1
+    assert view.clients["0"].online is True
+    assert view.messages == len(HOSTILE) + 1
     assert sum(view.rejected.values()) == len(HOSTILE)
-    assert view.rejected["sender"] == 4 and view.rejected["topic"] == 3
+    assert view.rejected["sender"] == 4
+    assert view.rejected["topic"] == 3
 
 
 # Anything at all on the run's topics: random bytes, or envelopes with random bodies.
@@ -273,7 +285,8 @@ def test_an_unreachable_broker_fails_within_connect_timeout_with_one_line() -> N
         env={"MQTTFL_BROKER__CONNECT_TIMEOUT_S": "2"},
         timeout=60,
     )
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
         "mqttfl: error: could not connect to mqtt://127.0.0.1:1 within 2s"
     ]
@@ -310,9 +323,15 @@ def _freeze_after_first_upload(fed: Federation, client: str) -> Callable[[Seen],
     return on_message
 
 
-def _watchers_connected(broker: LocalBroker) -> int:
+def _watchers_subscribed(broker: LocalBroker) -> int:
+    """Watchers whose last subscription (to the metrics) the broker has logged."""
     log = broker.log_path.read_text(errors="replace") if broker.log_path.exists() else ""
-    return log.count(f" as mqttfl-{RUN_ID}-watch-")
+    last = watch_topics(Topics(RUN_ID))[-1]
+    return sum(
+        1
+        for line in log.splitlines()
+        if f" mqttfl-{RUN_ID}-watch-" in line and line.endswith(f" {last}")
+    )
 
 
 @pytest.mark.slow
@@ -339,8 +358,7 @@ def test_watch_once_and_piped_against_a_running_federation(
                 _watch_cmd(broker, "--once"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 cwd=REPO, text=True,
             )  # fmt: skip
-            wait_for(lambda: _watchers_connected(broker) >= 2, timeout=30, what="--once")
-            time.sleep(0.1)  # its subscriptions are in
+            wait_for(lambda: _watchers_subscribed(broker) >= 2, timeout=30, what="--once")
             fed.cont("2")  # client 2 reports round 1, trains round 2: the run moves on
             out, err = once.communicate(timeout=30)
             summary = fed.finish(timeout=120)
@@ -425,9 +443,11 @@ def test_watch_on_a_terminal_in_tmux(broker: LocalBroker, tmp_path: Path) -> Non
         tmux.kill()
     print(screen)
     assert re.search(r"round 2 open · deadline \d+s · uploads 2/3 · missing 2", screen)
-    assert "clients 3 online, 0 offline" in screen and "rounds closed 1" in screen
+    assert "clients 3 online, 0 offline" in screen
+    assert "rounds closed 1" in screen
     for client, state in (("0", "uploaded"), ("1", "uploaded"), ("2", "waiting")):
         assert re.search(rf"│ {client} +│ - +│ online +│ {state} +│", screen), screen
     assert screen.count("mqttfl watch · run") == 1  # refreshed in place, not scrolled
-    assert "watch-exit=0" in final and "run finished after round 3" in final
+    assert "watch-exit=0" in final
+    assert "run finished after round 3" in final
     (tmp_path / "final-screen.txt").write_text(final)

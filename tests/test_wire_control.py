@@ -54,7 +54,8 @@ def test_every_control_message_round_trips() -> None:
     assert broadcast.personal_for == ("3",)
     np.testing.assert_array_equal(broadcast.body["p"], np.ones(3, np.float32))
     personal = read_downlink(payloads.personal["3"], run_id=RUN, round=2, client="3")
-    assert personal.personal_for is None and personal.body["q"].shape == (2,)
+    assert personal.personal_for is None
+    assert personal.body["q"].shape == (2,)
 
 
 def _start_body(**changes: Any) -> dict[str, Any]:
@@ -207,7 +208,7 @@ _sane = {
     "uploaded": st.lists(_ids, max_size=3),
     "phase": st.sampled_from(["open", "closed", "finished", "waiting", "x"]),
     "state": st.sampled_from(["online", "offline", "x"]),
-    "start": st.fixed_dictionaries({k: _tree for k in _keys["start"]}),
+    "start": st.fixed_dictionaries(dict.fromkeys(_keys["start"], _tree)),
     "_personal": st.lists(_ids, max_size=3),
 }
 

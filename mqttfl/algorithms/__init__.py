@@ -7,7 +7,6 @@ from typing import Any
 
 from mqttfl.algorithms.base import (
     Algorithm,
-    ClientInfo,
     ClientSide,
     Context,
     Downlinks,
@@ -15,6 +14,7 @@ from mqttfl.algorithms.base import (
     Upload,
 )
 from mqttfl.errors import ConfigError
+from mqttfl.wire.schemas import ClientInfo
 
 _REGISTRY: dict[str, Algorithm] = {}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -85,7 +85,6 @@ class ServerSide(ABC):
 # a value a hundred times beyond is divergence or forgery, and these bounds keep a sum of
 # squares over 10^5 uploads of 10^6 values far inside float32 (3.4e38).
 WEIGHT_BOUND = 1e4
-PROTOTYPE_BOUND = 1e4
 
 
 class ClientSide(ABC):
@@ -155,7 +154,7 @@ class ClientSide(ABC):
     # --- evaluation -------------------------------------------------------------
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Class predictions of the personalized model (classifier head by default)."""
-        return predict_logits(self.model, x).argmax(axis=1)
+        return cast("np.ndarray", predict_logits(self.model, x).argmax(axis=1))
 
     def extra_metrics(self, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
         """Further metrics published beside accuracy/F1/MAE (e.g. a second inference)."""

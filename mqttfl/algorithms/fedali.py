@@ -30,14 +30,13 @@ Adam (lr 1e-4) each round, 5 local epochs, batch 64 (``local_*`` parameters; set
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from mqttfl.algorithms.base import (
     Algorithm,
-    ClientInfo,
     Context,
     Downlinks,
     ServerSide,
@@ -57,7 +56,7 @@ from mqttfl.errors import ConfigError
 from mqttfl.models.sizes import alp_widths
 from mqttfl.training.lazy import lazy_import
 from mqttfl.training.loops import train_epochs
-from mqttfl.wire.schemas import ArrayField, IntField, PayloadSchema
+from mqttfl.wire.schemas import ArrayField, ClientInfo, IntField, PayloadSchema
 
 if TYPE_CHECKING:
     import torch
@@ -112,7 +111,7 @@ def _check_layers(ctx: Context, arch: str) -> tuple[int, ...]:
 def weighted_mean_prototypes(stacked: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """P_centroid = Σ_c (n_c/n) P_c over clients, prototype by prototype: (N, G, d) -> (G, d)."""
     w = np.asarray(counts, dtype=np.float64)
-    return np.einsum("n,ngd->gd", w / w.sum(), stacked.astype(np.float64))
+    return cast("np.ndarray", np.einsum("n,ngd->gd", w / w.sum(), stacked.astype(np.float64)))
 
 
 def global_prototypes(stacked: np.ndarray, counts: np.ndarray, *, iterations: int) -> np.ndarray:
@@ -131,7 +130,7 @@ def global_prototypes(stacked: np.ndarray, counts: np.ndarray, *, iterations: in
             minit="matrix",
             missing="warn",
         )
-    return centroids.astype(np.float32)
+    return cast("np.ndarray", centroids.astype(np.float32))
 
 
 class FedAliServer(ServerSide):

@@ -36,14 +36,13 @@ the plain mean and keeps L_c.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from mqttfl.algorithms.base import (
     Algorithm,
-    ClientInfo,
     ClientSide,
     Context,
     Downlinks,
@@ -55,7 +54,7 @@ from mqttfl.errors import WireError
 from mqttfl.logs import get_logger
 from mqttfl.training.lazy import lazy_import
 from mqttfl.training.loops import class_prototypes, embed_all
-from mqttfl.wire.schemas import ArrayField, PayloadSchema
+from mqttfl.wire.schemas import ArrayField, ClientInfo, PayloadSchema
 
 if TYPE_CHECKING:
     import torch
@@ -107,7 +106,9 @@ def _softmax_masked(logits: np.ndarray, mask: np.ndarray, axis: int) -> np.ndarr
     peak = np.where(np.isfinite(peak), peak, 0.0)
     weights = np.where(mask, np.exp(shifted - peak), 0.0)
     total = weights.sum(axis=axis, keepdims=True)
-    return np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
+    return cast(
+        "np.ndarray", np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
+    )
 
 
 def similarity_weights(prototypes: np.ndarray, mask: np.ndarray, tau: float) -> np.ndarray:
@@ -144,7 +145,7 @@ def personalized_prototypes(prototypes: np.ndarray, mask: np.ndarray, tau: float
     np.exp(logits, out=logits)
     out = logits @ np.concatenate([per_class * held, held], axis=2)  # (C, N, d+1)
     q = out[..., :-1] / np.maximum(out[..., -1:], np.finfo(np.float32).tiny)  # Eqs. 6-7
-    return q.transpose(1, 0, 2)
+    return cast("np.ndarray", q.transpose(1, 0, 2))
 
 
 def aggregate_prototypes(

@@ -11,7 +11,6 @@ from typing import Any
 
 from mqttfl.algorithms.base import (
     Algorithm,
-    ClientInfo,
     ClientSide,
     Context,
     Downlinks,
@@ -27,7 +26,7 @@ from mqttfl.algorithms.weights import (
     load_weights,
     weights_length,
 )
-from mqttfl.wire.schemas import ArrayField, IntField, PayloadSchema
+from mqttfl.wire.schemas import ArrayField, ClientInfo, IntField, PayloadSchema
 
 
 def weights_schema(ctx: Context, info: ClientInfo) -> PayloadSchema:

@@ -16,11 +16,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from mqttfl.algorithms.base import Algorithm, ClientInfo, Context, Downlinks, ServerSide, Upload
+from mqttfl.algorithms.base import Algorithm, Context, Downlinks, ServerSide, Upload
 from mqttfl.algorithms.fedavg import FedAvgClient
 from mqttfl.algorithms.weights import average_by_group, flatten_weights, group_key, weights_length
 from mqttfl.training.loops import predict_logits
-from mqttfl.wire.schemas import ArrayField, FloatField, IntField, PayloadSchema
+from mqttfl.wire.schemas import ArrayField, ClientInfo, FloatField, IntField, PayloadSchema
 
 
 class FedCaringParams(BaseModel):

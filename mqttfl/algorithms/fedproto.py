@@ -11,7 +11,7 @@ classifier head or by the nearest global prototype (``inference``), and reports 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -55,8 +55,9 @@ class FedProtoClient(PrototypeClient):
         lam = self.ctx.params.proto_lambda
         if lam <= 0 or not self.has_bank():
             return loss
-        assert self.bank is not None and self.available is not None
-        return loss + lam * prototype_mse(embedding, self.bank, y, self.available)
+        assert self.bank is not None
+        assert self.available is not None
+        return cast("Tensor", loss + lam * prototype_mse(embedding, self.bank, y, self.available))
 
 
 ALGORITHMS = (

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -221,12 +221,12 @@ def _augment(
     gain = 1.0 + jitter * rng.standard_normal(shape)
     spread = x.std(axis=axes, keepdims=True)
     out = x * gain + jitter * spread * rng.standard_normal(x.shape)
-    span = int(round(mask_fraction * x.shape[1]))
+    span = round(mask_fraction * x.shape[1])
     if span:
         mean = x.mean(axis=axes, keepdims=True)
         for i, start in enumerate(rng.integers(0, x.shape[1] - span + 1, size=len(x))):
             out[i, start : start + span] = mean[i]
-    return out.astype(np.float32)
+    return cast("np.ndarray", out.astype(np.float32))
 
 
 def weak_view(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -295,7 +295,8 @@ class FedSAPClient(PrototypeClient):
         loss = F.cross_entropy(logits, y)
         if not self.has_bank():
             return loss
-        assert self.bank is not None and self.available is not None
+        assert self.bank is not None
+        assert self.available is not None
         if lam > 0:
             loss = loss + lam * prototype_distance(
                 embedding, self.bank, y, self.available, self.ctx.params.proto_distance
@@ -338,7 +339,8 @@ class FedSAPClient(PrototypeClient):
         return self._train_semi(t, float(params.get("lambda", 0.0)), rng)
 
     def calibrate(self) -> tuple[float, float]:
-        assert self.bank is not None and self.available is not None
+        assert self.bank is not None
+        assert self.available is not None
         x, y = self.labelled()
         z = torch.from_numpy(embed_all(self.model, x))
         return calibrate_thresholds(
@@ -347,7 +349,9 @@ class FedSAPClient(PrototypeClient):
 
     def _train_semi(self, t: int, lam: float, rng: np.random.Generator) -> float:
         """Eq. 13 over labelled batches, each paired with a batch from the pool."""
-        assert self.pool is not None and self.bank is not None and self.available is not None
+        assert self.pool is not None
+        assert self.bank is not None
+        assert self.available is not None
         assert self.thresholds is not None
         margin, d_max = self.thresholds
         p: FedSAPParams = self.ctx.params
@@ -380,7 +384,7 @@ class FedSAPClient(PrototypeClient):
                         strong, self.bank, labels[accept]
                     )
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
                 self.optimizer.step()
                 total += float(loss.detach()) * n
                 count += n
@@ -391,7 +395,9 @@ class FedSAPClient(PrototypeClient):
     def make_upload(self, t: int) -> dict[str, Any]:
         if not self.semi_round:
             return super().make_upload(t)
-        assert self.pool is not None and self.bank is not None and self.available is not None
+        assert self.pool is not None
+        assert self.bank is not None
+        assert self.available is not None
         assert self.thresholds is not None
         rng = np.random.default_rng([self.ctx.seed, t, client_number(self.info.client_id)])
         x, y = self.labelled()

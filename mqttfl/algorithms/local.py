@@ -9,14 +9,13 @@ from typing import Any
 
 from mqttfl.algorithms.base import (
     Algorithm,
-    ClientInfo,
     ClientSide,
     Context,
     Downlinks,
     ServerSide,
     Upload,
 )
-from mqttfl.wire.schemas import EMPTY, PayloadSchema
+from mqttfl.wire.schemas import EMPTY, ClientInfo, PayloadSchema
 
 
 class LocalServer(ServerSide):

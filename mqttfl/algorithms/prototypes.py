@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from mqttfl.algorithms.base import (
-    ClientInfo,
     ClientSide,
     Context,
     Downlinks,
@@ -28,7 +27,7 @@ from mqttfl.errors import WireError
 from mqttfl.training.lazy import lazy_import, no_grad
 from mqttfl.training.loops import class_prototypes, embed_all
 from mqttfl.training.metrics import classification_report
-from mqttfl.wire.schemas import PayloadSchema
+from mqttfl.wire.schemas import ClientInfo, PayloadSchema
 
 if TYPE_CHECKING:
     import torch
@@ -176,7 +175,8 @@ class PrototypeClient(ClientSide):
         head = self.model.classify(z).argmax(dim=1).numpy()
         if not self.has_bank():
             return head, None
-        assert self.bank is not None and self.available is not None
+        assert self.bank is not None
+        assert self.available is not None
         return head, nearest_prototype(z, self.bank, self.available).numpy()
 
     def predict(self, x: np.ndarray) -> np.ndarray:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from mqttfl.algorithms.base import ClientInfo, Context, Upload
+from mqttfl.algorithms.base import Context, Upload
 from mqttfl.errors import MqttflError
 from mqttfl.models.sizes import weight_count
 from mqttfl.training.lazy import lazy_import
+from mqttfl.wire.schemas import ClientInfo
 
 if TYPE_CHECKING:
     import torch
@@ -64,7 +65,7 @@ def weighted_average(vectors: list[np.ndarray], weights: list[float] | np.ndarra
     if w.shape != (len(vectors),) or w.sum() <= 0:
         raise ValueError("weighted_average needs one positive weight per vector")
     stacked = np.stack(vectors).astype(np.float64)
-    return (w @ stacked / w.sum()).astype(np.float32)
+    return cast("np.ndarray", (w @ stacked / w.sum()).astype(np.float32))
 
 
 def average_by_group(uploads: list[Upload], weights: dict[str, float]) -> dict[str, np.ndarray]:

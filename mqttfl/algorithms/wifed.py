@@ -10,7 +10,7 @@ starts again from the global model, so fine-tuning never leaks into the average.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -69,7 +69,7 @@ class WiFedClient(FedAvgClient):
         if self.personal is None or self.personal_round != self.received_round:
             self.personal = self.finetune(self.received_round)
             self.personal_round = self.received_round
-        return predict_logits(self.personal, x).argmax(axis=1)
+        return cast("np.ndarray", predict_logits(self.personal, x).argmax(axis=1))
 
 
 ALGORITHMS = (

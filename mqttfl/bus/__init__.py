@@ -1,0 +1,1 @@
+"""The MQTT transport: a reconnecting aiomqtt client with chunking for large messages."""

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from mqttfl.data import shard_builder
 from mqttfl.data.capture import FORMATS, NEXMON_BANDWIDTHS, NEXMON_CHIPS
@@ -229,4 +229,4 @@ def add_data_commands(subparsers: Any) -> argparse.ArgumentParser:
     insp.add_argument("dir", type=Path, help="shard directory")
     insp.add_argument("--json", action="store_true", help="print the summary as JSON")
     insp.set_defaults(func=cmd_inspect)
-    return data
+    return cast("argparse.ArgumentParser", data)

@@ -1,7 +1,7 @@
 """``mqttfl run``: a whole local federation (broker, coordinator, clients) and its table.
 
 On a terminal it draws the live view of `mqttfl watch` while the federation runs, then a
-progress bar for the Local reference (:mod:`mqttfl.launch.progress`); piped or with
+progress bar for the Local reference (:mod:`mqttfl.monitor.progress`); piped or with
 ``--plain`` it writes one line per round. The structlog records of every process go to
 ``<run>/logs/*.jsonl`` only; ``-v`` brings them back to the console (stderr).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -64,7 +65,7 @@ def add_run_command(subparsers: Any) -> None:
 def _monitor_factory(
     config: RunConfig, console: Console, live: bool
 ) -> Callable[[BrokerAddress, Credentials], AbstractContextManager[object]]:
-    from mqttfl.launch.progress import RunMonitor
+    from mqttfl.monitor.progress import RunMonitor
     from mqttfl.monitor.view import FederationView
 
     def monitor(address: BrokerAddress, credentials: Credentials) -> RunMonitor:
@@ -86,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from mqttfl.algorithms import check_models, make_context
     from mqttfl.evaluation.table import format_table
     from mqttfl.launch.local import LocalFederation, default_out_dir
-    from mqttfl.launch.progress import ReferenceProgress, console_for
+    from mqttfl.monitor.progress import ReferenceProgress, console_for
 
     config = load_config(args.config, args.overrides)
     make_context(config)  # fail on a bad [method] table before starting anything
@@ -116,17 +117,49 @@ def cmd_run(args: argparse.Namespace) -> int:
         client_console="warning" if args.verbose else "off",
         monitor=_monitor_factory(config, console, live),
     )
-    summary = federation.run()
-    if config.method != "local" and not args.no_local_reference:
+    reference = config.method != "local" and not args.no_local_reference
+    # The reference's shards are made while the federation runs, in the gaps its
+    # processes leave (joining, aggregating); the reference itself trains after it.
+    shards = _ShardLoader(config) if reference else None
+    summary = federation.run()  # on an error the loader, a daemon thread, goes with us
+    if shards is not None:
         from mqttfl.evaluation.reference import add_local_reference
 
         def progress(clients: int, rounds: int) -> ReferenceProgress:
             return ReferenceProgress(clients, rounds, console=console, live=live)
 
         try:
-            summary = add_local_reference(config, summary, out, progress=progress)
-        except Exception as exc:  # noqa: BLE001 - the federation's own result still stands
+            summary = add_local_reference(
+                config, summary, out, progress=progress, shards=shards.result()
+            )
+        except Exception as exc:
             get_logger().warning("reference.failed", error=f"{type(exc).__name__}: {exc}")
             sys.stdout.write(f"local reference failed ({type(exc).__name__}: {exc})\n")
     sys.stdout.write(format_table(summary) + f"\nrun directory: {out}\n")
     return 0
+
+
+class _ShardLoader:
+    """Every client's shard (as the launcher's clients load theirs), made in a thread."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self._config = config
+        self._shards: dict[str, Any] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._load, name="mqttfl-shards", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        from mqttfl.evaluation.pooled import client_shards
+
+        try:
+            self._shards = client_shards(self._config)
+        except BaseException as exc:
+            self._error = exc
+
+    def result(self) -> dict[str, Any]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._shards is not None
+        return self._shards

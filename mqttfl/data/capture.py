@@ -73,10 +73,6 @@ NEXMON_BANDWIDTHS: tuple[int, ...] = (20, 40, 80)
 # Chips whose 64 CSI bins arrive centred (-32..31) rather than in FFT order.
 ESP_CENTRED_CHIPS: frozenset[str] = frozenset({"c5", "c6"})
 
-# The former private names of the ESP32 helpers, still imported by tests/test_capture.py.
-_esp_iq = esp_iq_to_complex
-_parse_esp32_tolerant = parse_esp32_csv_tolerant
-
 
 @dataclass(frozen=True, eq=False)
 class Capture:
@@ -275,7 +271,7 @@ def _load_esp32(path: Path) -> Capture:
         macs = list(reader.mac)
         if csi.ndim != 2 or csi.shape[0] == 0 or not all(str(t) == "CSI_DATA" for t in reader.type):
             raise ValueError("not a plain ESP32-CSI-Tool file")
-    except Exception:  # noqa: BLE001 - any csiread failure falls back to the tolerant reader
+    except Exception:
         # csiread expects every line to be a CSI_DATA row; a header row (the PASSIVE
         # sample) or console chatter makes numpy refuse the joined string.
         raw, secondary, macs = parse_esp32_csv_tolerant(path, text)
@@ -317,7 +313,7 @@ def _open_npz(path: Path) -> dict[str, np.ndarray]:
             return {key: npz[key] for key in npz.files}
     except DataError:
         raise
-    except Exception as exc:  # noqa: BLE001 - zipfile/pickle/format errors vary
+    except Exception as exc:
         raise not_format_error(path, "npz", f"unreadable archive: {type(exc).__name__}") from None
 
 

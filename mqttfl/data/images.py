@@ -271,7 +271,7 @@ def stratified_split(
     train, test = [], []
     for c in np.unique(labels):
         idx = rng.permutation(np.flatnonzero(labels == c))
-        n_test = int(round(test_fraction * len(idx)))
+        n_test = round(test_fraction * len(idx))
         test.append(idx[:n_test])
         train.append(idx[n_test:])
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
@@ -313,7 +313,7 @@ def image_shard(
     test_parts = []
     for c, n in zip(classes, counts, strict=True):
         pool = pool_test[y[pool_test] == c]
-        want = min(len(pool), max(1, int(round(n * ratio))))
+        want = min(len(pool), max(1, round(n * ratio)))
         test_parts.append(rng.choice(pool, size=want, replace=False))
     test_idx = np.sort(np.concatenate(test_parts)).astype(np.int64)
     train_idx = train_idx[_rng(seed, 5, int(client_id)).permutation(len(train_idx))]

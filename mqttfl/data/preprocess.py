@@ -52,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -165,7 +165,7 @@ def sanitize_phase(csi: np.ndarray, index: np.ndarray | None = None) -> np.ndarr
     slope = (phase.take([-1], axis=1) - phase.take([0], axis=1)) / span
     out = phase - slope * k
     out = out - out.mean(axis=1, keepdims=True)
-    return out.astype(np.float32)
+    return cast("np.ndarray", out.astype(np.float32))
 
 
 def capture_features(
@@ -244,7 +244,7 @@ def split_windows_by_time(
     n = len(starts)
     if n == 0:
         return starts, starts
-    n_test = int(round(test_fraction * n))
+    n_test = round(test_fraction * n)
     if test_fraction > 0 and n >= 2:
         n_test = max(1, n_test)
     n_test = min(n_test, n - 1) if n >= 2 else 0
@@ -288,7 +288,7 @@ class Normalizer:
     def apply(self, x: np.ndarray) -> np.ndarray:
         if x.shape[-1] != self.mean.shape[0]:
             raise ValueError(f"expected {self.mean.shape[0]} features, got {x.shape[-1]}")
-        return ((x - self.mean) / self.std).astype(np.float32)
+        return cast("np.ndarray", ((x - self.mean) / self.std).astype(np.float32))
 
     def to_dict(self) -> dict[str, list[float]]:
         return {"mean": [float(v) for v in self.mean], "std": [float(v) for v in self.std]}

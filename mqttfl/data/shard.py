@@ -100,11 +100,11 @@ class Shard:
 
     @property
     def num_train(self) -> int:
-        return int(len(self.y_train))
+        return len(self.y_train)
 
     @property
     def num_test(self) -> int:
-        return int(len(self.y_test))
+        return len(self.y_test)
 
     @property
     def sample_shape(self) -> tuple[int, ...]:

@@ -139,7 +139,7 @@ def _split_recording(
 ) -> tuple[np.ndarray, np.ndarray]:
     n = len(rec.rows)
     if features:
-        n_test = int(round(test_fraction * n))
+        n_test = round(test_fraction * n)
         if test_fraction > 0 and n >= 2:
             n_test = max(1, n_test)
         n_test = min(n_test, n - 1) if n >= 2 else 0
@@ -230,9 +230,9 @@ def _build_shard(
                 "label": rec.label_name,
                 "y": rec.y,
                 "session": sessions[session],
-                "rows" if features else "packets": int(len(rec.rows)),
-                "train": int(len(tr)),
-                "test": int(len(te)),
+                "rows" if features else "packets": len(rec.rows),
+                "train": len(tr),
+                "test": len(te),
                 "device": rec.device,
                 **({"capture": _jsonable(rec.capture_info)} if rec.capture_info else {}),
             }

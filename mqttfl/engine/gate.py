@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from mqttfl.algorithms.base import Algorithm, ClientInfo, Context, Upload
+from mqttfl.algorithms.base import Algorithm, Context, Upload
 from mqttfl.errors import RejectedUpload, WireError
 from mqttfl.wire import PayloadSchema
 from mqttfl.wire.control import read_envelope
+from mqttfl.wire.schemas import ClientInfo
 
 
 @dataclass

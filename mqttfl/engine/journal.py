@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class Journal:
     def load_checkpoint(self) -> dict[str, Any] | None:
         if not self.checkpoint_path.exists():
             return None
-        return unpack_data(self.checkpoint_path.read_bytes())
+        return cast("dict[str, Any] | None", unpack_data(self.checkpoint_path.read_bytes()))
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         with open(self.metrics_path, "a", encoding="utf-8") as handle:

@@ -1,0 +1,1 @@
+"""What runs are worth: the Local reference, pooled training, `compare`, `report` and the result table."""

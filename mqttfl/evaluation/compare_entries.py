@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -91,7 +91,7 @@ def finished_summary(out: Path, config: Any) -> dict[str, Any] | None:
         config.recorded()
     ):
         return None
-    return summary
+    return cast("dict[str, Any] | None", summary)
 
 
 def _run_identity(recorded: dict[str, Any]) -> dict[str, Any]:

@@ -10,8 +10,9 @@ worker threads (as a fleet trains its clients). Each is built and trained by the
 Local client runs (:mod:`mqttfl.nodes.device`: the same shard, architecture, initial
 weights and ``[train]`` recipe, the same per-round batch order), trains in the rounds the
 coordinator would select it for (:func:`~mqttfl.engine.rounds.select_clients`, first
-attempts), is evaluated on its test split after every round, and is scored like the
-run's summary: each metric's mean over the last five rounds
+attempts), is evaluated on its test split after each of the last five rounds (the
+others are never scored), and is scored like the run's summary: each metric's mean over
+those rounds
 (:func:`~mqttfl.engine.journal.summarize_clients`).
 
 It is trained once and then cached, in ``$MQTTFL_CACHE_DIR`` (else
@@ -32,12 +33,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -162,13 +164,10 @@ def train_local_reference(
 ) -> dict[str, dict[str, float]]:
     """Per client: accuracy, F1 and MAE of a Local run of ``config`` over ``shards``
     (means over the last five rounds). Pure: no broker, no files. ``progress(client,
-    round)`` is called (from the worker threads) after each client-round."""
-    import torch
-
+    round)`` is called (from one thread) after each client-round. A process per client
+    where processes can fork; in threads with ``workers`` (or where they cannot)."""
     from mqttfl.algorithms import get_algorithm, make_context
     from mqttfl.engine.rounds import select_clients
-    from mqttfl.nodes.device import build_client_side, round_rng
-    from mqttfl.training.metrics import classification_report
 
     local = config.model_copy(update={"method": "local"})
     algorithm = get_algorithm("local")
@@ -189,38 +188,131 @@ def train_local_reference(
         for t in rounds
     }
     params = {t: server.round_params(t) for t in rounds}
-    # One build at a time: each seeds torch's global generator (identical initial weights).
-    sides = {cid: build_client_side(local, algorithm, ctx, cid, shards[cid]) for cid in ids}
+    plan = _Plan(local, shards, ids, selected, params)
+    if workers is None and "fork" in multiprocessing.get_all_start_methods():
+        records = _train_in_processes(plan, progress)
+    else:
+        records = _train_in_threads(plan, workers or len(ids), progress)
+    return {cid: {k: row[k] for k in METRICS} for cid, row in summarize_clients(records).items()}
 
-    stop = threading.Event()  # set when the caller gives up (Ctrl-C): end after the round
 
-    def run_client(cid: str) -> list[dict[str, Any]]:
-        side, shard = sides[cid], shards[cid]
-        records = []
-        for t in rounds:
-            if stop.is_set():
-                break
-            if cid in selected[t]:
-                side.train(t, dict(params[t]), round_rng(config.seed, side.info, t))
-            side.receive(t, {}, None)
+@dataclass(frozen=True)
+class _Plan:
+    """What every client of a Local reference does, round by round."""
+
+    config: RunConfig  # method local
+    shards: Mapping[str, Shard]
+    ids: list[str]
+    selected: dict[int, list[str]]
+    params: dict[int, dict[str, Any]]
+
+
+def _run_client(
+    plan: _Plan,
+    cid: str,
+    done: Callable[[int], None],
+    *,
+    stop: threading.Event | None = None,
+    build_lock: threading.Lock | None = None,
+) -> list[dict[str, Any]]:
+    """One client's Local run: train in the rounds it is selected for, score the last
+    ``LAST_ROUNDS``; ``done(t)`` after each round. A build seeds torch's global
+    generator (identical initial weights): builds in one process hold ``build_lock``."""
+    from mqttfl.algorithms import get_algorithm, make_context
+    from mqttfl.nodes.device import build_client_side, round_rng
+    from mqttfl.training.metrics import classification_report
+
+    config, shard = plan.config, plan.shards[cid]
+    algorithm = get_algorithm("local")
+    with build_lock or nullcontext():
+        side = build_client_side(config, algorithm, make_context(config), cid, shard)
+    records = []
+    for t in range(1, config.rounds + 1):
+        if stop is not None and stop.is_set():
+            break
+        if cid in plan.selected[t]:
+            side.train(t, dict(plan.params[t]), round_rng(config.seed, side.info, t))
+        side.receive(t, {}, None)
+        # only the last rounds are scored: evaluating the others changes nothing
+        if t > config.rounds - LAST_ROUNDS:
             report = classification_report(shard.y_test, side.predict(shard.x_test))
             records.append({"client_id": cid, "round": t, **report})
-            if progress is not None:
-                progress(cid, t)
-        return records
+        done(t)
+    return records
 
-    threads = config.train.torch_threads
-    pool_size = workers or max(1, min(len(ids), (os.cpu_count() or 1) // threads))
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)  # as each client process sets it
-    pool = ThreadPoolExecutor(pool_size, thread_name_prefix="mqttfl-reference")
+
+# The plan and the progress counters of a reference being trained in processes: set
+# before the workers fork, so they inherit them instead of receiving pickles.
+_FORKED: dict[str, Any] = {}
+
+
+def _process_client(index: int) -> list[dict[str, Any]]:
+    import torch
+
+    plan: _Plan = _FORKED["plan"]
+    counters = _FORKED["counters"]
+    torch.set_num_threads(plan.config.train.torch_threads)  # as each client process sets it
+
+    def done(t: int) -> None:
+        counters[index] = t
+
+    return _run_client(plan, plan.ids[index], done)
+
+
+def _train_in_processes(
+    plan: _Plan, progress: Callable[[str, int], None] | None
+) -> list[dict[str, Any]]:
+    """A process per client, as the federation has: threads of one process share its
+    GIL, and beside other work the scheduler preempts the one holding it while the others
+    wait (BENCHMARKS.md, "First contact": twice the slowdown of the federation's
+    processes). Forked, so the shards are inherited, not copied through a pipe."""
+    context = multiprocessing.get_context("fork")
+    counters = context.Array("i", len(plan.ids), lock=False)
+    _FORKED.update(plan=plan, counters=counters)
+    reported = dict.fromkeys(plan.ids, 0)
     try:
-        records = [r for rs in pool.map(run_client, ids) for r in rs]
+        with ProcessPoolExecutor(len(plan.ids), mp_context=context) as pool:
+            futures = [pool.submit(_process_client, i) for i in range(len(plan.ids))]
+            while True:
+                finished, _ = wait(futures, timeout=0.2)
+                if progress is not None:
+                    for index, cid in enumerate(plan.ids):
+                        for t in range(reported[cid] + 1, counters[index] + 1):
+                            progress(cid, t)
+                        reported[cid] = max(reported[cid], counters[index])
+                if len(finished) == len(futures):
+                    break
+            return [r for future in futures for r in future.result()]
+    finally:
+        _FORKED.clear()
+
+
+def _train_in_threads(
+    plan: _Plan, workers: int, progress: Callable[[str, int], None] | None
+) -> list[dict[str, Any]]:
+    import torch
+
+    stop = threading.Event()  # set when the caller gives up (Ctrl-C): end after the round
+    previous = torch.get_num_threads()
+    torch.set_num_threads(plan.config.train.torch_threads)  # as each client process sets it
+    lock = threading.Lock()
+    report = threading.Lock()
+
+    def run(cid: str) -> list[dict[str, Any]]:
+        def done(t: int) -> None:
+            if progress is not None:
+                with report:
+                    progress(cid, t)
+
+        return _run_client(plan, cid, done, stop=stop, build_lock=lock)
+
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="mqttfl-reference")
+    try:
+        return [r for rs in pool.map(run, plan.ids) for r in rs]
     finally:
         stop.set()
         pool.shutdown(wait=True, cancel_futures=True)
         torch.set_num_threads(previous)
-    return {cid: {k: row[k] for k in METRICS} for cid, row in summarize_clients(records).items()}
 
 
 # --- the cache --------------------------------------------------------------------------
@@ -337,11 +429,13 @@ def add_local_reference(
     *,
     cache_dir: Path | None = None,
     progress: ProgressFactory | None = None,
+    shards: Mapping[str, Shard] | None = None,
 ) -> dict[str, Any]:
     """Attach the Local reference to a finished run's summary and rewrite its
     ``summary.json`` with it; return the new summary. ``progress(clients, rounds)`` is
-    entered while a reference trains (not for a cached one) and yields the callback."""
-    reference = local_reference(config, cache_dir=cache_dir, progress=progress)
+    entered while a reference trains (not for a cached one) and yields the callback;
+    ``shards``: the clients' shards, if the caller has them already."""
+    reference = local_reference(config, cache_dir=cache_dir, progress=progress, shards=shards)
     summary = with_reference(summary, reference)
     write_atomic(
         out / "summary.json", (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode()

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -88,7 +88,7 @@ class LocalFederation:
         self.broker_url = broker_url
         self.coordinator_console = coordinator_console
         self.client_console = client_console
-        # entered while the federation runs: the live view (mqttfl.launch.progress)
+        # entered while the federation runs: the live view (mqttfl.monitor.progress)
         self.monitor = monitor
         self.fleets = fleets  # None: one process per client
         self.credentials_dir: Path | None = None  # the local broker's <id>.env files
@@ -302,7 +302,5 @@ def _describe_exits(codes: dict[str, int | None]) -> str:
 
 
 def _signal_group(child: subprocess.Popen[bytes], sig: int) -> None:
-    try:
+    with suppress(ProcessLookupError):
         os.killpg(child.pid, sig)
-    except ProcessLookupError:
-        pass

@@ -8,6 +8,8 @@ model must expose the embedding separately from the logits.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -41,7 +43,7 @@ class EmbeddingModel(nn.Module):
 
     def classify(self, z: torch.Tensor) -> torch.Tensor:
         """Map embeddings (B, embed_dim) to logits (B, num_classes)."""
-        return self.classifier(z)
+        return cast("torch.Tensor", self.classifier(z))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(logits, embedding)`` so losses on both need one pass."""

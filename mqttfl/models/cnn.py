@@ -4,6 +4,8 @@ convolutional layers and two fully connected layers, for small images (8x8 digit
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -36,4 +38,4 @@ class ImageCNN(EmbeddingModel):
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 3:
             x = x.unsqueeze(1)
-        return self.fc(self.features(x))
+        return cast("torch.Tensor", self.fc(self.features(x)))

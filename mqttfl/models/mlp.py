@@ -6,6 +6,8 @@ serve pre-extracted features, e.g. per-subcarrier statistics.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -38,4 +40,4 @@ class FeatureMLP(EmbeddingModel):
             x = torch.flatten(x, 1)  # tolerate (B, T, S) by treating it as T*S features
         if x.shape[1] != self.input_dim:
             raise ValueError(f"expected {self.input_dim} features, got {x.shape[1]}")
-        return self.encoder(x)
+        return cast("torch.Tensor", self.encoder(x))

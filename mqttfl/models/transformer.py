@@ -17,6 +17,7 @@ never in the weight vector of :mod:`mqttfl.algorithms.weights`.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -134,7 +135,7 @@ class EncoderBlock(nn.Module):
     def forward(self, h: Tensor) -> Tensor:
         a = self.alp(self.norm1(h))
         h = h + self.attention(a, a, a, need_weights=False)[0]
-        return h + self.mlp(self.norm2(h))
+        return cast("torch.Tensor", h + self.mlp(self.norm2(h)))
 
 
 def _positions(length: int, width: int) -> Tensor:
@@ -190,4 +191,4 @@ class TransformerEncoderNet(EmbeddingModel):
         h = h + _positions(h.shape[1], self.width).to(h.dtype)
         for block in self.blocks:
             h = block(h)
-        return self.head(self.norm(h).mean(dim=1))
+        return cast("torch.Tensor", self.head(self.norm(h).mean(dim=1)))

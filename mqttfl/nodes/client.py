@@ -427,7 +427,7 @@ class ClientRunner:
         values = {
             **extra,
             **report,
-            "num_test": int(len(self.shard.y_test)),
+            "num_test": len(self.shard.y_test),
             "bytes_up": self.progress.bytes_up.pop(t, 0),
             "bytes_down": pending.size,
             "selected": t == self.progress.trained_round,

@@ -9,6 +9,7 @@ round logic itself lives in :mod:`mqttfl.engine.rounds`, with no MQTT in it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,9 @@ from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.bus.transport import BrokerAddress, Bus, Credentials, Incoming
 from mqttfl.config import RunConfig
 from mqttfl.engine.journal import Journal
-from mqttfl.engine.rounds import Announce, Close, Finish, RoundEngine, RunAborted
+from mqttfl.engine.rounds import Announce, Close, Finish, RoundEngine
 from mqttfl.engine.state import RunState
-from mqttfl.errors import RejectedUpload, WireError
+from mqttfl.errors import RejectedUpload, RunAborted, WireError
 from mqttfl.logs import get_logger
 from mqttfl.wire import Topics
 from mqttfl.wire.control import (
@@ -255,10 +256,8 @@ class Coordinator:
                 break
             wake_at = engine.wake_at()
             timeout = None if wake_at is None else max(wake_at - time.monotonic(), 0.0)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=timeout)
-            except TimeoutError:
-                pass
         await self._synced_checkpoint()
         return summary
 

@@ -51,7 +51,7 @@ def build_client_side(
         client_id,
         arch,
         tuple(int(c) for c in np.unique(shard.y_train)),
-        int(len(shard.y_train)),
+        len(shard.y_train),
         sample_shape,
         site=config.broker.site,
     )

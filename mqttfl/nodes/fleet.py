@@ -158,7 +158,7 @@ def runner_credentials(
     """Each runner's credentials: ``directory/<id>.env`` over ``base`` (the config's and
     the environment's); ``base`` alone for every runner without a directory."""
     if directory is None:
-        return {client: base for client in ids}
+        return dict.fromkeys(ids, base)
     if not directory.is_dir():
         raise MqttflError(f"--credentials-dir {directory} is not a directory")
     missing = [client for client in ids if not (directory / f"{client}.env").is_file()]

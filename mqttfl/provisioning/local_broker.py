@@ -32,6 +32,7 @@ log_dest file {log_path}
 log_type error
 log_type warning
 log_type notice
+log_type subscribe
 connection_messages true
 """
 

@@ -1,0 +1,1 @@
+"""Tools for load tests and benchmarks: the torch-free load client."""

@@ -65,7 +65,7 @@ def train_epochs(
             logits, embedding = model(xb)
             loss = loss_fn(logits, embedding, yb)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             if max_grad_norm is not None:
                 params = [p for group in optimizer.param_groups for p in group["params"]]
                 torch.nn.utils.clip_grad_norm_(params, max_grad_norm)

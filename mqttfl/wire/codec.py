@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import numpy as np
@@ -107,7 +107,7 @@ def encode(message: Message) -> bytes:
         "sender": message.sender,
         "body": message.body,
     }
-    return msgpack.packb(envelope, default=_default, use_bin_type=True)
+    return cast("bytes", msgpack.packb(envelope, default=_default, use_bin_type=True))
 
 
 def decode(raw: bytes, *, max_bytes: int | None = None) -> Message:
@@ -142,7 +142,7 @@ def decode(raw: bytes, *, max_bytes: int | None = None) -> Message:
 
 def pack_data(obj: Any) -> bytes:
     """msgpack any tree of maps, lists, scalars and arrays (checkpoints, state files)."""
-    return msgpack.packb(obj, default=_default, use_bin_type=True)
+    return cast("bytes", msgpack.packb(obj, default=_default, use_bin_type=True))
 
 
 def unpack_data(raw: bytes) -> Any:

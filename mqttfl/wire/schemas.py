@@ -120,15 +120,16 @@ class PayloadSchema:
         for name, spec in self.fields.items():
             value = body[name]
             spec.check(name, value, dims, self.dims)
-            if self.value_bound is not None and isinstance(value, np.ndarray):
-                if (
+            if (
+                self.value_bound is not None
+                and isinstance(value, np.ndarray)
+                and (
                     value.dtype.kind == "f"
                     and value.size
                     and np.abs(value).max() > self.value_bound
-                ):
-                    raise WireError(
-                        "range", f"field '{name}' has values beyond ±{self.value_bound:g}"
-                    )
+                )
+            ):
+                raise WireError("range", f"field '{name}' has values beyond ±{self.value_bound:g}")
         return dims
 
     def max_bytes(self) -> int:

@@ -156,7 +156,11 @@ class RunMonitor:
         if closed >= 1 and closed not in self.clock.closed:
             self.clock.close(closed, time.monotonic())
             if not self.live:
-                self.console.print(round_line(self.view, self.clock, closed), highlight=False)
+                self._write(round_line(self.view, self.clock, closed))
+
+    def _write(self, line: str) -> None:
+        self.console.file.write(line + "\n")
+        self.console.file.flush()
 
     def _main(self) -> None:
         asyncio.run(self._watch())
@@ -219,7 +223,7 @@ class ReferenceProgress:
         if self.live:
             self._bar = Progress(
                 TextColumn("local reference (each client alone)"),
-                BarColumn(),
+                BarColumn(bar_width=24),
                 MofNCompleteColumn(),
                 TextColumn("client-rounds ·"),
                 TimeElapsedColumn(),
@@ -247,11 +251,11 @@ class ReferenceProgress:
                 self._printed = finished
                 took = time.monotonic() - self.began
                 left = took / finished * (self.rounds - finished)
-                self.console.print(
+                self.console.file.write(
                     f"local reference: round {finished}/{self.rounds} · {_seconds(took)}, "
-                    f"about {_seconds(left)} left",
-                    highlight=False,
+                    f"about {_seconds(left)} left\n"
                 )
+                self.console.file.flush()
 
 
 def console_for(stream: TextIO = sys.stdout, *, plain: bool) -> tuple[Console, bool]:

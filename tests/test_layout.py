@@ -1,0 +1,166 @@
+"""The house's rules, read from the source: imports point one way, no cycles, nothing
+private crosses a module boundary, and no file outgrows ~500 lines.
+
+Every import counts, also one inside a function or under ``TYPE_CHECKING``: a lazy import
+is still an arrow between rooms.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mqttfl"
+
+#: A room may import only rooms of a lower rank (never one of its own rank or above).
+RANK = {
+    "errors": 0,
+    "logs": 1,
+    "paths": 1,
+    "wire": 2,  # topics, ids, codec, schemas, control messages, chunk framing
+    "models": 2,
+    "config": 3,
+    "data": 4,
+    "training": 4,
+    "algorithms": 5,
+    "engine": 6,  # the pure round loop: no MQTT
+    "bus": 6,  # MQTT transport
+    "provisioning": 7,
+    "nodes": 8,  # the coordinator and the clients: adapters of the engine over the bus
+    "monitor": 9,
+    "launch": 9,
+    "testing": 9,
+    "evaluation": 10,
+    "commands": 11,
+    "__init__": 12,  # the package's public surface
+    "__main__": 12,
+}
+#: config checks ``model.name`` against the torch-free tuple of model names.
+ALLOWED = {("config", "mqttfl.models.names")}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__"
+    return parts[1]
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(imported module, names taken from it) for every mqttfl import in ``path``."""
+    found: list[tuple[str, list[str]]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names if a.name.startswith("mqttfl")]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "mqttfl":  # from mqttfl import x: x is a room or a module
+                found += [(f"mqttfl.{a.name}", []) for a in node.names]
+            elif node.module.startswith("mqttfl."):
+                found.append((node.module, [a.name for a in node.names]))
+    return found
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+MODULES = {_module_name(p): p for p in SOURCES}
+
+
+def test_every_room_has_a_rank() -> None:
+    rooms = {_room(m) for m in MODULES}
+    assert rooms <= set(RANK), f"rooms without a rank: {sorted(rooms - set(RANK))}"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_down(path: Path) -> None:
+    module = _module_name(path)
+    room = _room(module)
+    wrong = []
+    for target, _ in _imports(path):
+        other = _room(target)
+        if other == room or (room, target) in ALLOWED:
+            continue
+        if RANK[other] >= RANK[room]:
+            wrong.append(
+                f"{module} imports {target} ({room} {RANK[room]} -> {other} {RANK[other]})"
+            )
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_engine_and_the_wire_know_no_transport() -> None:
+    """The two arrows that matter most, spelled out: the round engine runs without MQTT and
+    the wire format imports nothing of the runtime."""
+    for path in SOURCES:
+        module = _module_name(path)
+        targets = {_room(t) for t, _ in _imports(path)}
+        if _room(module) == "engine":
+            assert not targets & {"bus", "nodes", "provisioning"}, module
+        if _room(module) == "wire":
+            assert targets <= {"wire", "errors"}, module
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_nothing_private_crosses_a_module(path: Path) -> None:
+    module = _module_name(path)
+    tree = ast.parse(path.read_text())
+    aliases = {}  # local name -> mqttfl module it stands for
+    wrong = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mqttfl"):
+            for a in node.names:
+                if a.name.startswith("_") and node.module != module:
+                    wrong.append(f"from {node.module} import {a.name}")
+                if f"{node.module}.{a.name}" in MODULES:
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("mqttfl") and a.asname:
+                    aliases[a.asname] = a.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            wrong.append(f"{aliases[node.value.id]}.{node.attr}")
+    assert not wrong, f"{module} reaches into: {wrong}"
+
+
+def test_no_import_cycles() -> None:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in MODULES.items():
+        for target, names in _imports(path):
+            # `from mqttfl.x import y` where y is a module is an arrow to mqttfl.x.y
+            for name in names or [""]:
+                full = f"{target}.{name}" if name and f"{target}.{name}" in MODULES else target
+                if full in MODULES and full != module:
+                    graph[module].add(full)
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt) :], nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for module in sorted(MODULES):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_file_outgrows_the_limit(path: Path) -> None:
+    assert len(path.read_text().splitlines()) <= 520, f"{path} is past ~500 lines: split it"
