@@ -1,8 +1,8 @@
 """How far a class moves between a client's sessions, against how far the classes lie apart.
 
-For every client and class c: drift_c = ‖μ_c(train) − μ_c(test)‖, μ the mean of a window
+For every client and class c: drift_c = ‖μ_c(train) - μ_c(test)‖, μ the mean of a window
 representation over the client's training windows or its test windows; separation = the
-mean over class pairs of ‖μ_c(train) − μ_c'(train)‖. The **drift ratio** is the mean drift
+mean over class pairs of ‖μ_c(train) - μ_c'(train)‖. The **drift ratio** is the mean drift
 over the mean separation, averaged over clients: near 0 the test windows sit where their
 class was trained; at 1 a class moves as far as the next class is away. It is measured
 under the window split (test windows from the trained sessions) and the session split.
@@ -52,8 +52,8 @@ EMBEDDING_METHODS = ("local", "fedavg", "fedapa", "fedapa-session")
 def drift_ratio(
     train: np.ndarray, y_train: np.ndarray, test: np.ndarray, y_test: np.ndarray
 ) -> float | None:
-    """Mean ‖μ_c(train) − μ_c(test)‖ over the classes in both, over the mean pairwise
-    ‖μ_c(train) − μ_c'(train)‖ (module docstring); None with fewer than two classes."""
+    """Mean ‖μ_c(train) - μ_c(test)‖ over the classes in both, over the mean pairwise
+    ‖μ_c(train) - μ_c'(train)‖ (module docstring); None with fewer than two classes."""
     classes = [c for c in np.unique(y_train) if (y_test == c).any()]
     means = {c: train[y_train == c].mean(axis=0) for c in np.unique(y_train)}
     if len(means) < 2 or not classes:

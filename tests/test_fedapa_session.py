@@ -31,7 +31,8 @@ class _Norm(nn.Module):
 def _stats(model: nn.Module) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(running mean, running variance, γ) of the model's one BatchNorm1d."""
     norm = next(m for m in model.modules() if isinstance(m, nn.BatchNorm1d))
-    assert norm.running_mean is not None and norm.running_var is not None
+    assert norm.running_mean is not None
+    assert norm.running_var is not None
     return norm.running_mean.numpy(), norm.running_var.numpy(), norm.weight.detach().numpy()
 
 

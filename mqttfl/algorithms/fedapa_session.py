@@ -129,11 +129,12 @@ class FedAPASessionClient(FedAPAClient):
         before any Q_i has arrived, the adapted classifier head."""
         p: FedAPASessionParams = self.ctx.params
         model = self.adapted_model(x)
+        head: np.ndarray = predict_logits(model, x).argmax(axis=1)
         if p.inference == "head" or self.q is None or self.available is None:
-            return predict_logits(model, x).argmax(axis=1)
+            return head
         available = self.available.numpy().astype(bool)
         if not available.any():
-            return predict_logits(model, x).argmax(axis=1)
+            return head
         labels, _ = refine_prototypes(
             embed_all(model, x), self.q.numpy().copy(), available, p.refine_steps
         )
