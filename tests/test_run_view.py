@@ -124,8 +124,9 @@ def test_run_on_a_terminal_in_tmux(tmp_path: Path) -> None:
     command += ["--out", str(tmp_path / "run")]
     for item in [*SMALL, "rounds=4", "data.split=session"]:
         command += ["--set", item]
+    # as a person's terminal: its own size, not a COLUMNS the test runner may carry
     shell = (
-        f"MQTTFL_CACHE_DIR={shlex.quote(str(tmp_path / 'cache'))} "
+        f"unset COLUMNS LINES; MQTTFL_CACHE_DIR={shlex.quote(str(tmp_path / 'cache'))} "
         + shlex.join(command)
         + "; echo run-exit=$?; sleep 600"
     )

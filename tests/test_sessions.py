@@ -218,3 +218,27 @@ def test_a_label_error_says_what_the_classes_were_parsed_as(
     shard = load_shard(tmp_path / "o")
     assert shard.meta["ordinal"] is True
     assert set(shard.y_train.tolist()) == {7}
+
+
+# ----------------------------------------------------------------------------- compare
+
+
+def test_compare_tables_name_the_split_and_drop_mae_for_categories() -> None:
+    from mqttfl.evaluation.compare_entries import RunResult
+    from mqttfl.evaluation.compare_report import aggregate, markdown_table
+
+    results = []
+    for seed, accuracy in ((0, 0.5), (1, 0.7)):
+        run = RunResult("data", "fedavg", seed, Path(f"/x/{seed}"))
+        run.metrics = {"accuracy": accuracy, "f1": 0.4, "mae": 1.25, "kb": 10.0}
+        results.append(run)
+    rows = aggregate(results, ["fedavg"], ["data"])
+    counts = markdown_table(rows, ["fedavg"], ["data"], [0, 1], split="session")
+    assert counts.startswith("Session split (test sessions the client never trained on).")
+    assert "MAE" in counts
+    assert "1.250 ± 0.000" in counts
+    categories = markdown_table(rows, ["fedavg"], ["data"], [0, 1], ordinal=False)
+    assert categories.startswith("Window split")
+    assert "MAE" not in categories
+    assert "1.250" not in categories
+    assert "| fedavg | 60.00 ± 14.14 | 40.00 ± 0.00 | 10.0 ± 0.0 |" in categories
