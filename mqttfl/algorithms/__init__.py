@@ -125,6 +125,7 @@ def _register_modules(*modules: ModuleType) -> None:
 from mqttfl.algorithms import (  # noqa: E402
     fedali,
     fedapa,
+    fedapa_session,
     fedavg,
     fedcaring,
     fedpam,
@@ -134,7 +135,9 @@ from mqttfl.algorithms import (  # noqa: E402
     wifed,
 )
 
-_register_modules(fedapa, fedavg, local, fedproto, fedsap, fedali, fedpam, wifed, fedcaring)
+_register_modules(
+    fedapa, fedapa_session, fedavg, local, fedproto, fedsap, fedali, fedpam, wifed, fedcaring
+)
 
 __all__ = [
     "Algorithm",
