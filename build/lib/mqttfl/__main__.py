@@ -1,3 +1,0 @@
-from mqttfl.commands.main import main
-
-raise SystemExit(main())

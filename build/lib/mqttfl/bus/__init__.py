@@ -1,1 +1,0 @@
-"""The MQTT transport: a reconnecting aiomqtt client with chunking for large messages."""

@@ -1,1 +1,0 @@
-"""What runs are worth: the Local reference, pooled training, `compare`, `report` and the result table."""

@@ -1,1 +1,0 @@
-"""A whole federation on this machine: the broker, the coordinator and the client processes of `mqttfl run`."""

@@ -1,1 +1,0 @@
-"""The coordinator and the client runner (and fleets of them): the engine and the methods over the bus."""

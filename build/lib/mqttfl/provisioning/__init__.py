@@ -1,1 +1,0 @@
-"""A broker for a deployment: `broker init` files (passwords, ACL, TLS), bridged sites, a local Mosquitto."""

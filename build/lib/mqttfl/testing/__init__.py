@@ -1,1 +1,0 @@
-"""Tools for load tests and benchmarks: the torch-free load client."""
