@@ -105,9 +105,14 @@ def test_one_device_three_runs_each_with_its_own_state(broker: LocalBroker, tmp_
     assert not list(state.rglob("*.discarded"))
 
     # A's run id again, with another model: A's state is set aside, once, with the reason.
-    with _run(
-        tmp_path / "A2", broker, state, ["run_id=run-a", "model.name=middle"], rounds=2
-    ) as fed:
+    # On a fresh broker: this one holds run-a's finished state, which a coordinator refuses
+    # to run over (tests/test_deploy_mistakes.py); the device and its state are the same.
+    with (
+        LocalBroker(tmp_path / "broker-2") as broker_2,
+        _run(
+            tmp_path / "A2", broker_2, state, ["run_id=run-a", "model.name=middle"], rounds=2
+        ) as fed,
+    ):
         fed.start()
         fed.finish(timeout=120)
     _check_every_round(fed, 2)

@@ -46,9 +46,10 @@ def test_missing_shards_directory_fails_before_starting_anything(tmp_path: Path)
     assert processes_mentioning(str(out)) == []
 
 
-def test_every_client_failing_ends_the_run(tmp_path: Path) -> None:
-    # client-<id>/ directories exist (the launcher's check passes) but hold no shard:
-    # each client fails as it starts, and the coordinator would wait for them.
+def test_clients_without_shards_stop_the_run_before_it_starts(tmp_path: Path) -> None:
+    # client-<id>/ directories exist but hold no shard: `mqttfl run` reads every client's
+    # shard for its shape check before it starts anything, and names the missing file
+    # (the clients would each fail as they start, and the coordinator wait for them).
     shards = tmp_path / "shards"
     for index in range(2):
         (shards / f"client-{index}").mkdir(parents=True)
@@ -66,8 +67,7 @@ def test_every_client_failing_ends_the_run(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("mqttfl: error: every client exited (exit 2: client-0, client-1)")
-    assert str(out / "logs") in last
+    assert last == f"mqttfl: error: {shards / 'client-0' / 'shard.npz'}: file not found"
     assert elapsed < 60  # the join timeout alone would be 60 s
     assert processes_mentioning(str(out)) == []
 

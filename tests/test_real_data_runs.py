@@ -78,6 +78,8 @@ def test_prepared_intel5300_shards_train_in_a_federation(tmp_path: Path) -> None
         "model.num_classes=6",
         "--set",
         "model.name=middle",
+        "--set",
+        "data.split=window",  # the shards were prepared with the window split
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
