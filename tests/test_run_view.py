@@ -9,7 +9,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from rich.console import Console
 
 from mqttfl.monitor.progress import ReferenceProgress, RoundClock, round_line
 from mqttfl.monitor.view import FederationView
-from tests.faults import wait_for
 from tests.helpers import FAST, REPO, mqttfl
+from tests.terminal import Tmux
 
 TMUX_CAPTURE = Path("/tmp/mqttfl-run-tmux.txt")
 SMALL = [*FAST, "federation.num_clients=3", "method.warmup_rounds=1"]
@@ -90,33 +89,6 @@ def test_run_verbose_brings_the_records_back(tmp_path: Path) -> None:
     assert "round.closed" in done.stderr
 
 
-class Tmux:
-    """A private tmux server (its own socket), killed at the end; nothing else is touched."""
-
-    def __init__(self) -> None:
-        self.socket = f"mqttfl-run-test-{os.getpid()}"
-
-    def __call__(self, *args: str) -> str:
-        result = subprocess.run(
-            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=20
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
-
-    def screen(self) -> str:
-        return self("capture-pane", "-p", "-t", "run")
-
-    def wait_screen(self, *needles: str, timeout: float) -> str:
-        def showing() -> str | None:
-            screen = self.screen()
-            return screen if all(needle in screen for needle in needles) else None
-
-        return str(wait_for(showing, timeout=timeout, what=f"{needles} on the screen"))
-
-    def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=20)
-
-
 @pytest.mark.slow
 def test_run_on_a_terminal_in_tmux(tmp_path: Path) -> None:
     assert shutil.which("tmux"), "tmux is missing: scripts/setup.sh installs it"
@@ -130,7 +102,7 @@ def test_run_on_a_terminal_in_tmux(tmp_path: Path) -> None:
         + shlex.join(command)
         + "; echo run-exit=$?; sleep 600"
     )
-    tmux = Tmux()
+    tmux = Tmux("run")
     try:
         tmux("new-session", "-d", "-s", "run", "-x", "120", "-y", "40", "-c", str(REPO), shell)
         live = tmux.wait_screen("mqttfl watch · run", "s/round · about", timeout=240)

@@ -4,7 +4,6 @@ against a running federation: piped, `--once`, and on a terminal inside tmux."""
 from __future__ import annotations
 
 import io
-import os
 import re
 import shlex
 import shutil
@@ -40,6 +39,7 @@ from mqttfl.wire.control import (
 from mqttfl.wire.schemas import ClientInfo
 from tests.faults import RUN_ID, Federation, Seen, Witness, wait_for
 from tests.helpers import REPO, mqttfl
+from tests.terminal import Tmux
 
 RUN = "r1"
 T = Topics(RUN)
@@ -390,38 +390,11 @@ def test_watch_once_and_piped_against_a_running_federation(
     assert re.search(r"│ 1 +│ - +│ online +│ uploaded +│ +\d\.\d{3} │ .* 3 │", "\n".join(lines))
 
 
-class Tmux:
-    """A private tmux server (its own socket), killed at the end; nothing else is touched."""
-
-    def __init__(self) -> None:
-        self.socket = f"mqttfl-watch-test-{os.getpid()}"
-
-    def __call__(self, *args: str) -> str:
-        result = subprocess.run(
-            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=20
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
-
-    def screen(self) -> str:
-        return self("capture-pane", "-p", "-t", "watch")
-
-    def wait_screen(self, *needles: str, timeout: float) -> str:
-        def showing() -> str | None:
-            screen = self.screen()
-            return screen if all(needle in screen for needle in needles) else None
-
-        return str(wait_for(showing, timeout=timeout, what=f"{needles} on the screen"))
-
-    def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=20)
-
-
 @pytest.mark.slow
 def test_watch_on_a_terminal_in_tmux(broker: LocalBroker, tmp_path: Path) -> None:
     assert shutil.which("tmux"), "tmux is missing: scripts/setup.sh installs it"
     command = shlex.join(_watch_cmd(broker)) + "; echo watch-exit=$?; sleep 600"
-    tmux = Tmux()
+    tmux = Tmux("watch")
     fed = Federation(
         tmp_path, broker, clients=3, rounds=3, overrides=["federation.round_timeout_s=30"]
     )
