@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mqttfl.algorithms import algorithm_names
+from mqttfl.errors import MqttflError
 from mqttfl.export.client import export_onnx, onnx_scores
 from mqttfl.models import build_model
 from mqttfl.models.names import MODEL_NAMES
@@ -18,7 +19,9 @@ from mqttfl.models.scoring import Logits
 from tests.inprocess import Federation
 
 CASES: list[tuple[str, str, dict[str, Any]]] = [
-    (name, "transformer" if name == "fedali" else "middle", {}) for name in algorithm_names()
+    (name, "transformer" if name == "fedali" else "middle", {})
+    for name in algorithm_names()
+    if name != "fedapa-session"  # adapts per session: no fixed model (tested below)
 ] + [
     ("fedproto", "middle", {"inference": "prototype"}),
     ("fedsap", "tiny", {"inference": "prototype"}),
@@ -77,3 +80,9 @@ def test_every_architecture_exports_to_onnx_within_1e_4_of_torch(arch: str, tmp_
     got = onnx_scores(path, x, 256)  # a batch of 256, then one of 44: the batch axis is free
     assert got.shape == expected.shape
     assert float(np.max(np.abs(got - expected))) <= 1e-4
+
+
+def test_a_method_that_adapts_per_session_has_no_fixed_evaluation_model() -> None:
+    fed = Federation("fedapa-session", arch="middle").run()
+    with pytest.raises(MqttflError, match="no fixed model reproduces that"):
+        fed.clients[0].evaluation_model(fed.ctx.rounds)

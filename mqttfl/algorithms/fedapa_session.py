@@ -41,6 +41,7 @@ from pydantic import Field
 
 from mqttfl.algorithms.base import Algorithm
 from mqttfl.algorithms.fedapa import FedAPAClient, FedAPAParams, FedAPAServer
+from mqttfl.errors import MqttflError
 from mqttfl.training.lazy import lazy_import, no_grad
 from mqttfl.training.loops import batches, embed_all, predict_logits
 
@@ -139,6 +140,15 @@ class FedAPASessionClient(FedAPAClient):
             embed_all(model, x), self.q.numpy().copy(), available, p.refine_steps
         )
         return labels
+
+    def evaluation_model(self, t: int) -> torch.nn.Module:
+        """None that is fixed: :meth:`predict` adapts to each session's own windows (its
+        BatchNorm statistics, k-means from Q_i), which one exported module cannot carry."""
+        raise MqttflError(
+            "method fedapa-session adapts to each session's unlabeled windows when it "
+            "predicts (BatchNorm statistics, k-means from Q_i); no fixed model reproduces "
+            "that, so mqttfl export does not take it"
+        )
 
     def extra_metrics(self, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
         """The trained head without adaptation, beside the adapted prediction."""

@@ -90,6 +90,10 @@ def _unpack_array(code: int, data: bytes) -> np.ndarray:
     if not isinstance(payload, bytes):
         raise WireError("malformed", "array data must be bytes")
     dtype = np.dtype(dtype_str)
+    # numpy refuses a shape whose non-zero sides span more than it can address, even when
+    # another side is 0 and the array is empty
+    if math.prod(n for n in shape if n) * dtype.itemsize > np.iinfo(np.intp).max:
+        raise WireError("shape", f"array shape {shape!r} is beyond what an array can hold")
     declared = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
     if declared != len(payload):
         raise WireError(
