@@ -36,13 +36,12 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
-from benchmarks.common import RESULTS, bench_main, log
+from benchmarks.common import RESULTS, bench_main, intel5300_root, log
 
 if TYPE_CHECKING:
     from mqttfl.config import RunConfig
     from mqttfl.data.shard import Shard
 
-INTEL5300 = "csi-samples/intel5300-activity"
 SESSIONS = ("may", "august")  # one client per recording month, the same home and NIC
 
 
@@ -53,11 +52,8 @@ def intel5300_sessions(config: RunConfig) -> dict[str, Shard]:
     prepare --normalize``): the raw Intel 5300 amplitudes (mean ~26) left every model at
     chance within this budget."""
     from mqttfl.data.shard_builder import build_shards
-    from mqttfl.data.sources import shared_data_root
 
-    root = shared_data_root(config.data) / INTEL5300
-    if not root.is_dir():
-        raise FileNotFoundError(root)
+    root = intel5300_root(config.data)
     files = [str(f) for month in SESSIONS for f in sorted((root / month).glob("*.dat"))]
     shards = build_shards(
         "intel5300",

@@ -41,14 +41,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from benchmarks.common import RESULTS, bench_main, log
+from benchmarks.common import RESULTS, bench_main, intel5300_root, log
 
 if TYPE_CHECKING:
     from mqttfl.algorithms.base import ClientSide
     from mqttfl.config import RunConfig
     from mqttfl.data.shard import Shard
 
-INTEL5300 = "csi-samples/intel5300-activity"
 ACTIVITIES = ("brushteeth", "washingdishes")
 MONTHS = ("may", "august")
 SPLITS = ("window", "session")
@@ -105,11 +104,8 @@ def _with_split(config: RunConfig, split: str) -> Any:
 def _recording_windows(config: RunConfig) -> dict[tuple[str, str], list[tuple[Any, Any]]]:
     """(month, activity) -> per recording (first 80% of windows, last 20%), raw amplitude."""
     from mqttfl.data.shard_builder import build_shards
-    from mqttfl.data.sources import shared_data_root
 
-    root = shared_data_root(config.data) / INTEL5300
-    if not root.is_dir():
-        raise FileNotFoundError(root)
+    root = intel5300_root(config.data)
     out: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
     for month in MONTHS:
         for activity in ACTIVITIES:
@@ -181,11 +177,8 @@ def intel5300_file_shards(config: RunConfig, split: str) -> list[dict[str, Shard
     client per month, a session per recording; the session split tests each client on its
     latest recording of each activity (seconds to minutes after the others)."""
     from mqttfl.data.shard_builder import build_shards
-    from mqttfl.data.sources import shared_data_root
 
-    root = shared_data_root(config.data) / INTEL5300
-    if not root.is_dir():
-        raise FileNotFoundError(root)
+    root = intel5300_root(config.data)
     files = [str(f) for month in MONTHS for f in sorted((root / month).glob("*.dat"))]
     shards = build_shards(
         "intel5300",

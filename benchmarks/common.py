@@ -200,3 +200,18 @@ def child_process_main(
         sys.stdout.write(json.dumps(measure(args.quick)))
         return
     _write_run(name, run, args.quick)
+
+
+#: the Intel 5300 activity recordings of ../shared/data (May, August and undated)
+INTEL5300 = "csi-samples/intel5300-activity"
+
+
+def intel5300_root(data: Any) -> Path:
+    """The Intel 5300 recordings' folder for a config's ``[data]``; FileNotFoundError
+    names it when it is missing."""
+    from mqttfl.data.sources import shared_data_root
+
+    root = shared_data_root(data) / INTEL5300
+    if not root.is_dir():
+        raise FileNotFoundError(root)
+    return Path(root)
