@@ -130,7 +130,7 @@ def coordinator_under_load(
     n: int, rounds: int, method: str = "fedapa", extra: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """Run ``rounds`` rounds of the real coordinator against ``n`` load clients."""
-    from mqttfl.bus.transport import BrokerAddress
+    from mqttfl.bus.address import BrokerAddress
     from mqttfl.config import load_config
     from mqttfl.logs import configure_logging
     from mqttfl.provisioning.local_broker import LocalBroker

@@ -14,12 +14,15 @@ from tests.helpers import FAST, mqttfl, processes_mentioning
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("method", ["fedapa", "fedavg", "local"])
-def test_run_end_to_end(method: str, tmp_path: Path) -> None:
+def test_run_end_to_end(tmp_path: Path) -> None:
+    # Every method's learning and payloads: tests/test_methods_e2e.py. This is the default
+    # job's path: its broker, credentials, logs, metrics and processes.
+    method = "fedapa"
     out = tmp_path / "run"
     result = mqttfl(
         "run",
         "configs/fedapa-csi.toml",
+        "--no-local-reference",  # tests/test_reference.py and test_report.py cover it
         "--out",
         str(out),
         "--set",
@@ -43,18 +46,11 @@ def test_run_end_to_end(method: str, tmp_path: Path) -> None:
     assert summary["method"] == method
     assert summary["rounds_completed"] == 3
     assert set(summary["clients"]) == {"0", "1", "2"}
-    for row in summary["clients"].values():
-        assert 0.0 <= row["accuracy"] <= 1.0
-        assert 0.0 <= row["f1"] <= 1.0
-        assert row["mae"] >= 0
     assert set(summary["mean"]) == {"accuracy", "f1", "mae"}
     comm = summary["comm"]
     assert comm["up_bytes_per_client_round"] > 0
     assert comm["down_bytes_per_client_round"] > 0
-    if method == "fedavg":  # weights both ways: far bigger than prototypes
-        assert comm["up_bytes_per_client_round"] > 50_000
-    if method == "fedapa":  # 21 classes x 256 float32 at most per upload
-        assert comm["up_bytes_per_client_round"] < 21 * 256 * 4 + 1000
+    assert comm["up_bytes_per_client_round"] < 21 * 256 * 4 + 1000  # 21 x 256 float32 at most
     assert summary["rejections"] == {}
 
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from mqttfl.bus.transport import BrokerAddress, Credentials, Incoming
+from mqttfl.bus.address import BrokerAddress, Credentials
+from mqttfl.bus.transport import Incoming
 from mqttfl.config import load_config
 from mqttfl.errors import MqttflError
 from mqttfl.nodes.fleet import (

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from mqttfl.algorithms import get_algorithm
-from mqttfl.bus.transport import BrokerAddress, Incoming
+from mqttfl.bus.address import BrokerAddress
+from mqttfl.bus.transport import Incoming
 from mqttfl.config import load_config
 from mqttfl.errors import RejectedUpload, WireError
 from mqttfl.nodes.coordinator import Coordinator

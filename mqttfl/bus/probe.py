@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import secrets
 
-from mqttfl.bus.transport import BrokerAddress, Bus, Credentials
+from mqttfl.bus.address import BrokerAddress, Credentials
+from mqttfl.bus.transport import Bus
 
 
 async def read_retained(

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mqttfl.bus.transport import BrokerAddress
+from mqttfl.bus.address import BrokerAddress
 from mqttfl.config import load_config
 from mqttfl.data.sources import client_id_problem
 from mqttfl.errors import MqttflError

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from mqttfl.bus.transport import BrokerAddress, Credentials
+from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.config import RunConfig
 from mqttfl.errors import BrokerError, MqttflError
 from mqttfl.logs import configure_logging

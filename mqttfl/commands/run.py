@@ -24,7 +24,7 @@ from mqttfl.paths import make_dir
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from mqttfl.bus.transport import BrokerAddress, Credentials
+    from mqttfl.bus.address import BrokerAddress, Credentials
     from mqttfl.config import RunConfig
 
 

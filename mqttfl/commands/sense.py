@@ -65,7 +65,7 @@ def add_sense_command(subparsers: Any) -> None:
 
 
 def cmd_sense(args: argparse.Namespace) -> int:
-    from mqttfl.bus.transport import BrokerAddress, Credentials
+    from mqttfl.bus.address import BrokerAddress, Credentials
     from mqttfl.logs import configure_logging
     from mqttfl.sensing.publish import check_name
     from mqttfl.sensing.runner import SenseOptions, Sensor, Source

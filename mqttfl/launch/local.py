@@ -33,7 +33,7 @@ from mqttfl.provisioning.local_broker import LocalBroker, free_port
 from mqttfl.wire.control import COORDINATOR
 
 if TYPE_CHECKING:
-    from mqttfl.bus.transport import BrokerAddress, Credentials
+    from mqttfl.bus.address import BrokerAddress, Credentials
 
 #: ``monitor(broker, credentials)``: entered while the federation runs
 MonitorFactory = Callable[["BrokerAddress", "Credentials"], AbstractContextManager[object]]
@@ -220,7 +220,7 @@ class LocalFederation:
     def _monitor(self) -> AbstractContextManager[object]:
         if self.monitor is None or self.broker_url is None:
             return nullcontext()
-        from mqttfl.bus.transport import BrokerAddress, Credentials
+        from mqttfl.bus.address import BrokerAddress, Credentials
 
         env = self.credentials.get(WATCH)
         if env is None:  # a broker of the user's (--broker): the config's identity

@@ -36,7 +36,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from mqttfl.bus.transport import BrokerAddress, Bus, Credentials
+from mqttfl.bus.address import BrokerAddress, Credentials
+from mqttfl.bus.transport import Bus
 from mqttfl.monitor.view import REFRESH_PER_S, FederationView, listen, render, watch_topics
 
 POLL_S = 0.25  # how often the monitor thread looks at its stop flag

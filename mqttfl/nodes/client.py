@@ -31,8 +31,9 @@ import structlog
 import torch
 
 from mqttfl.algorithms import get_algorithm, make_context
+from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.refusal import Refused
-from mqttfl.bus.transport import BrokerAddress, Bus, Credentials, Incoming
+from mqttfl.bus.transport import Bus, Incoming
 from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.errors import BrokerError, MqttflError, WireError

@@ -17,7 +17,8 @@ from typing import Any
 import structlog
 
 from mqttfl.algorithms import get_algorithm, make_context
-from mqttfl.bus.transport import BrokerAddress, Bus, Credentials, Incoming
+from mqttfl.bus.address import BrokerAddress, Credentials
+from mqttfl.bus.transport import Bus, Incoming
 from mqttfl.config import RunConfig
 from mqttfl.engine.journal import Journal
 from mqttfl.engine.rounds import Announce, Close, Finish, RoundEngine

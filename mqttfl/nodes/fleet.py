@@ -36,7 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mqttfl.bus.transport import BrokerAddress, Bus, Credentials
+from mqttfl.bus.address import BrokerAddress, Credentials
+from mqttfl.bus.transport import Bus
 from mqttfl.config import RunConfig
 from mqttfl.errors import BrokerError, MqttflError
 from mqttfl.logs import get_logger

@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
+from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.probe import clear_retained, read_retained
-from mqttfl.bus.transport import BrokerAddress, Credentials
 from mqttfl.config import RunConfig
 from mqttfl.errors import MqttflError, WireError
 from mqttfl.logs import get_logger

@@ -24,7 +24,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from mqttfl.bus.transport import BrokerAddress, Bus, Credentials
+from mqttfl.bus.address import BrokerAddress, Credentials
+from mqttfl.bus.transport import Bus
 from mqttfl.data.capture import fft_order_index
 from mqttfl.errors import DataError, MqttflError
 from mqttfl.logs import get_logger

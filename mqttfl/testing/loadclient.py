@@ -35,7 +35,8 @@ from typing import Literal
 
 import numpy as np
 
-from mqttfl.bus.transport import BrokerAddress, Bus, Credentials
+from mqttfl.bus.address import BrokerAddress, Credentials
+from mqttfl.bus.transport import Bus
 from mqttfl.config import RunConfig, load_config
 from mqttfl.errors import MqttflError, WireError
 from mqttfl.logs import configure_logging, get_logger
