@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import inspect
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -253,11 +254,21 @@ def make_partition(
         )
     if num_clients < 1:
         raise ConfigError("federation.num_clients", "must be at least 1")
+    partitioner = _PARTITIONERS[scheme]
+    accepted = [
+        name
+        for name, parameter in inspect.signature(partitioner).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name != "seed"
+    ]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:  # checked here: a TypeError from the call would name a Python function
+        raise ConfigError(
+            "data.partition_params",
+            f"{scheme} takes {', '.join(accepted)}; not {', '.join(unknown)}",
+        )
     kwargs = {k: int(v) if k in _INT_PARAMS else float(v) for k, v in params.items()}
     try:
-        return _PARTITIONERS[scheme](np.asarray(labels), num_clients, seed=seed, **kwargs)
-    except TypeError as exc:
-        raise ConfigError("data.partition_params", f"{scheme}: {exc}") from None
+        return partitioner(np.asarray(labels), num_clients, seed=seed, **kwargs)
     except ValueError as exc:
         raise ConfigError("data.partition_params", f"{scheme}: {exc}") from None
 
