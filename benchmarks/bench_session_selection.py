@@ -10,6 +10,8 @@ nested leave-one-client-out: every variant below runs on the source's federation
 the variant with the best mean accuracy over the *other* clients' test sessions is
 chosen, and c is scored with it. The mean of those scores is an estimate whose
 selection never saw the scored client's test session, beside the shipped default's.
+``all_sources`` does the same over the clients of every source together (one setting
+for a deployment that does not know which kind of source it is).
 
     python -m benchmarks.bench_session_selection [--quick]   # quick: seed 0, 3 rounds
 
@@ -80,7 +82,22 @@ def run(quick: bool) -> dict[str, Any]:
             "nested": nested_choice(scores),
         }
         log(f"{name}: default {results[name]['default']:.1f}, nested {results[name]['nested']}")
-    return {"split": "session", "seeds": seeds, "variants": VARIANTS, "sources": results}
+    # One setting for every source: chosen on the other clients of all sources together.
+    pooled = {
+        v: {
+            f"{name}:{client}": statistics.fmean(accuracies)
+            for name, entry in results.items()
+            for client, accuracies in entry["per_client"][v].items()
+        }
+        for v in VARIANTS
+    }
+    return {
+        "split": "session",
+        "seeds": seeds,
+        "variants": VARIANTS,
+        "sources": results,
+        "all_sources": nested_choice(pooled),
+    }
 
 
 if __name__ == "__main__":
