@@ -1,7 +1,8 @@
 """`mqttfl sense --eval` on a client's shard reproduces the run's own evaluation of that
 client, without torch; the ONNX model is within 1e-4 of the torch model on those windows.
 
-For FedAPA, FedAvg, WiFed and FedAli, on the synthetic rooms and on ESPectre (tiny runs).
+For FedAPA, FedAvg, WiFed and FedAli on the synthetic rooms, and on ESPectre's feature
+shape for the personal (FedAPA) and the transformer (FedAli) exports (tiny runs).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from tests.sensing_helpers import last_metrics, run_and_export, sense
 pytestmark = pytest.mark.slow
 
 METHODS = ("fedapa", "fedavg", "wifed", "fedali")
+# FedAvg's and WiFed's exports are plain models, checked on the rooms already.
+ESPECTRE_METHODS = ("fedapa", "fedali")
 # Every room on the Intel 5300 and a larger step, so that two rounds already give models
 # that answer more than one class (a constant model would make the parity vacuous).
 SYNTHETIC = [
@@ -96,7 +99,7 @@ def test_sense_reproduces_the_synthetic_run(method: str, tmp_path: Path) -> None
     _check(run, export, "0")
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", ESPECTRE_METHODS)
 def test_sense_reproduces_the_espectre_run(method: str, tmp_path: Path) -> None:
     root = require_shared("espectre")
     arch = "transformer" if method == "fedali" else "middle"
