@@ -90,6 +90,7 @@ def test_prepared_intel5300_shards_train_in_a_federation(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("config", ["configs/digits-fedsap.toml", "configs/mnist-fedpam.toml"])
 def test_image_configs_run_out_of_the_box(config: str, tmp_path: Path) -> None:
+    # Its data, model and recipe load and run; learning is test_methods_e2e's.
     out = tmp_path / "run"
     result = mqttfl(
         "run",
@@ -98,7 +99,7 @@ def test_image_configs_run_out_of_the_box(config: str, tmp_path: Path) -> None:
         "--out",
         str(out),
         "--set",
-        "rounds=2",
+        "rounds=1",
         "--set",
         "federation.num_clients=3",
     )
