@@ -175,23 +175,11 @@ def intel5300_shards(config: RunConfig, split: str) -> list[dict[str, Shard]]:
 def intel5300_file_shards(config: RunConfig, split: str) -> list[dict[str, Shard]]:
     """``data prepare --format intel5300 --group-by dir --normalize --session file``: a
     client per month, a session per recording; the session split tests each client on its
-    latest recording of each activity (seconds to minutes after the others)."""
-    from mqttfl.data.shard_builder import build_shards
+    latest recording of each activity (seconds to minutes after the others). The
+    cross-room study's federation (:func:`benchmarks.bench_crossroom.intel5300_sessions`)."""
+    from benchmarks.bench_crossroom import intel5300_sessions
 
-    root = intel5300_root(config.data)
-    files = [str(f) for month in MONTHS for f in sorted((root / month).glob("*.dat"))]
-    shards = build_shards(
-        "intel5300",
-        files,
-        labels="filename",
-        window=config.data.window,
-        group_by="dir",
-        classes=list(ACTIVITIES),
-        normalize=True,
-        split=split,
-        session="file",
-    )
-    return [{str(i): shard for i, shard in enumerate(shards)}]
+    return [intel5300_sessions(config.model_copy(update={"data": _with_split(config, split)}))]
 
 
 SOURCES: dict[str, Source] = {

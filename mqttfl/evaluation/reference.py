@@ -350,16 +350,10 @@ def local_reference(
         shards = client_shards(config)
     key, keyed = reference_key(config, shards)
     path = (cache_dir or cache_root()) / "local-reference" / f"{key}.json"
-    cached = _read_cached(path, key)
+    cached = _cached_reference(path, key)
     if cached is not None:
         log.info("reference.cached", path=str(path), key=key[:16])
-        return LocalReference(
-            {cid: dict(row) for cid, row in cached["clients"].items()},
-            key,
-            "cached",
-            path,
-            float(cached["seconds"]),
-        )
+        return cached
     log.info(
         "reference.training",
         clients=len(shards),
@@ -403,6 +397,11 @@ def cached_local_reference(
     shards = client_shards(config)
     key, _ = reference_key(config, shards)
     path = (cache_dir or cache_root()) / "local-reference" / f"{key}.json"
+    return _cached_reference(path, key)
+
+
+def _cached_reference(path: Path, key: str) -> LocalReference | None:
+    """The reference cached at ``path`` under ``key``, or None."""
     cached = _read_cached(path, key)
     if cached is None:
         return None
