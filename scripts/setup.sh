@@ -22,5 +22,6 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 # torch first, pinned: the CPU wheel; a bare range would pull the CUDA build.
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,images]"
+# Then the package with every role's extra (a checkout is every role) and the test tools.
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[train,capture,test,images]"
 echo "setup: ready (.venv)" >&2

@@ -182,7 +182,7 @@ def test_init_writes_conf_hashed_passwords_acl_and_tls(setup: BrokerSetup) -> No
     ):
         assert stat.S_IMODE((setup.out / private).stat().st_mode) == 0o600, private
     acl = (setup.out / "acl").read_text()
-    assert f"user coordinator\ntopic readwrite {BASE}/#" in acl
+    assert f"user coordinator\ntopic readwrite {BASE}/state\ntopic readwrite {BASE}/lease\n" in acl
     assert f"user watch\ntopic read {BASE}/#\n\n" in acl  # read only, nothing else
     assert (
         f"user 0\ntopic readwrite {BASE}/status/0\ntopic write {BASE}/round/+/ack/0\n"

@@ -20,6 +20,7 @@ RANK = {
     "errors": 0,
     "logs": 1,
     "paths": 1,
+    "files": 2,  # atomic writes, JSON lines read up to their last complete line
     "wire": 2,  # topics, ids, codec, schemas, control messages, chunk framing
     "models": 2,
     "config": 3,

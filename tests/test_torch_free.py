@@ -6,12 +6,14 @@ path shows up as 'torch' in sys.modules.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from mqttfl.commands.extras import missing_package, missing_package_message
 from tests.helpers import REPO
 
 MODULES = [
@@ -36,6 +38,13 @@ MODULES = [
     "mqttfl.monitor.view",
     "mqttfl.launch.local",
     "mqttfl.evaluation.compare",
+    # what `pip install mqttfl` (no extras) runs: coordinator, report, sense (issue 29)
+    "mqttfl.commands.coordinator",
+    "mqttfl.commands.report",
+    "mqttfl.commands.sense",
+    "mqttfl.commands.extras",
+    "mqttfl.sensing.runner",
+    "mqttfl.data.capture",
 ]
 
 
@@ -124,3 +133,101 @@ except SystemExit as exc:
 """
     result = _torch_free(code)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_command_line_imports_no_optional_package() -> None:
+    """`mqttfl --help` on a base install: no extra's package (nor scipy or matplotlib,
+    which only some commands use) is loaded to assemble the parser."""
+    code = """
+import sys
+import mqttfl.commands.main
+optional = {"torch", "onnx", "onnxscript", "csiread", "sklearn", "mlxtend", "scipy", "matplotlib"}
+loaded = sorted(optional & {m.split(".")[0] for m in sys.modules})
+assert not loaded, loaded
+"""
+    result = _torch_free(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+# The packages of the extras made unimportable, as on a base install: `import torch` and
+# importlib.util.find_spec("torch") both see no torch.
+WITHOUT_EXTRAS = """
+import sys
+for name in ("torch", "onnx", "onnxscript", "csiread", "sklearn", "mlxtend"):
+    sys.modules[name] = None
+from mqttfl.commands.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _without_extras(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTRAS, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "command"),
+    [
+        (["client", "--id", "0", "--broker", "mqtt://127.0.0.1:1"], "mqttfl client"),
+        (["models"], "mqttfl models"),
+        (["run", str(REPO / "configs" / "fedapa-csi.toml"), "--out", "run"], "mqttfl run"),
+        (["compare", str(REPO / "configs" / "fedapa-csi.toml"), "--out", "c"], "mqttfl compare"),
+    ],
+)
+def test_a_command_without_its_extra_names_it_in_one_line(
+    args: list[str], command: str, tmp_path: Path
+) -> None:
+    result = _without_extras(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"mqttfl: error: '{command}' needs torch: install the training extra: "
+        "pip install 'mqttfl[train]'\n"
+    )
+    if command in ("mqttfl run", "mqttfl compare"):  # told before they start anything
+        assert not list(tmp_path.iterdir())
+
+
+def test_missing_packages_are_found_in_exception_groups_and_others_are_not() -> None:
+    torch_missing = ModuleNotFoundError("No module named 'torch'", name="torch")
+    nested = ExceptionGroup("tasks", [ValueError("x"), ExceptionGroup("inner", [torch_missing])])
+    assert missing_package(nested) == "torch"
+    assert missing_package(torch_missing) == "torch"
+    # a torch that is there but lacks a submodule, or a package of no extra: raised as is
+    assert missing_package(ModuleNotFoundError("x", name="torch._C")) is None
+    assert missing_package(ModuleNotFoundError("x", name="yaml")) is None
+    assert missing_package_message("mqttfl data prepare", "csiread") == (
+        "'mqttfl data prepare' needs csiread: install the capture extra: "
+        "pip install 'mqttfl[capture]'"
+    )
+    assert missing_package_message("mqttfl report", "matplotlib") == (
+        "'mqttfl report' needs matplotlib: it comes with the base package: pip install mqttfl"
+    )
+    assert missing_package_message("mqttfl data prepare", "sklearn") == (
+        "'mqttfl data prepare' needs scikit-learn: install the images extra: "
+        "pip install 'mqttfl[images]'"
+    )
+
+
+def test_a_missing_module_of_no_extra_still_raises(tmp_path: Path) -> None:
+    code = """
+import sys
+import mqttfl.commands.report as report
+def broken(args):
+    import yaml_that_is_not_there  # noqa: F401
+report.cmd_report = broken
+from mqttfl.commands.main import main
+sys.exit(main(["report", "x"]))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr
+    assert "No module named 'yaml_that_is_not_there'" in result.stderr

@@ -323,6 +323,21 @@ def _freeze_after_first_upload(fed: Federation, client: str) -> Callable[[Seen],
     return on_message
 
 
+def _hold_round_3(fed: Federation) -> Callable[[Seen], None]:
+    """Client 2 frozen after its round-1 upload (round 2 holds still until it is
+    continued), and client 0 after its round-2 upload: once client 2 goes on, round 3
+    stays open, missing client 0, until client 0 is continued. A snapshot taken between
+    the two sees a live run however fast its rounds are."""
+    freeze_2 = _freeze_after_first_upload(fed, "2")
+
+    def on_message(seen: Seen) -> None:
+        freeze_2(seen)
+        if seen.topic == f"mqttfl/{RUN_ID}/round/2/up/0" and "0" not in fed.stopped:
+            fed.stop("0")
+
+    return on_message
+
+
 def _watchers_subscribed(broker: LocalBroker) -> int:
     """Watchers whose last subscription (to the metrics) the broker has logged."""
     log = broker.log_path.read_text(errors="replace") if broker.log_path.exists() else ""
@@ -351,7 +366,7 @@ def test_watch_once_and_piped_against_a_running_federation(
             tmp_path, broker, clients=3, rounds=3, overrides=["federation.round_timeout_s=30"]
         )
         with fed, Witness(broker.port, [f"mqttfl/{RUN_ID}/round/+/up/+"]) as witness:
-            witness.on_message = _freeze_after_first_upload(fed, "2")
+            witness.on_message = _hold_round_3(fed)
             fed.start()
             fed.wait_round_started(2, timeout=90)
             once = subprocess.Popen(
@@ -361,6 +376,7 @@ def test_watch_once_and_piped_against_a_running_federation(
             wait_for(lambda: _watchers_subscribed(broker) >= 2, timeout=30, what="--once")
             fed.cont("2")  # client 2 reports round 1, trains round 2: the run moves on
             out, err = once.communicate(timeout=30)
+            fed.cont("0")  # round 3 goes on
             summary = fed.finish(timeout=120)
         assert piped.wait(timeout=30) == 0  # the run's status said finished
     finally:

@@ -265,12 +265,13 @@ class Bus:
                         self.on_connection(True)
                     delay = self.min_backoff_s
                     async for message in client.messages:
-                        payload = message.payload
-                        if not isinstance(payload, bytes | bytearray):
-                            payload = b"" if payload is None else str(payload).encode()
-                        await self._receive(
-                            message.topic.value, bytes(payload), retained=message.retain
-                        )
+                        await self._take(message)
+                        # aiomqtt hands out one message per task (two loop iterations),
+                        # while paho reads one or more an iteration: under a flood its
+                        # queue would only grow. What is queued already is taken at once
+                        # (aiomqtt 2.x keeps it in ``_queue``; pinned <3 in pyproject.toml).
+                        while len(client.messages):
+                            await self._take(client._queue.get_nowait())
             except aiomqtt.MqttError as exc:
                 was_connected = self.connected.is_set()
                 self.connected.clear()
@@ -286,6 +287,12 @@ class Bus:
                 self._log.warning(event, error=str(exc), retry_in_s=round(delay, 2))
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, self.max_backoff_s)
+
+    async def _take(self, message: aiomqtt.Message) -> None:
+        payload = message.payload
+        if not isinstance(payload, bytes | bytearray):
+            payload = b"" if payload is None else str(payload).encode()
+        await self._receive(message.topic.value, bytes(payload), retained=message.retain)
 
     def _refused_login(self, exc: aiomqtt.MqttError) -> bool:
         """Raise :class:`Refused` for a refused login; True if MQTT 5 was not understood

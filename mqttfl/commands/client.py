@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ from mqttfl.commands.common import (
     watch_parent,
 )
 from mqttfl.config import load_config
-from mqttfl.errors import MqttflError
 
 
 def add_client_command(subparsers: Any) -> None:
@@ -44,41 +42,15 @@ def add_client_command(subparsers: Any) -> None:
 def cmd_client(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     broker = broker_address(args)
-    from mqttfl.data.sources import load_client_shard
-    from mqttfl.nodes.client import ClientRunner
+    from mqttfl.nodes.client_process import run_client_device
 
     setup_logging(config, f"client-{args.id}", None)
     watch_parent()
-    shard = load_client_shard(
-        config.data,
+    return run_client_device(
+        config,
         args.id,
-        seed=config.seed,
-        num_classes=config.model.num_classes,
-        num_clients=config.federation.num_clients,
+        broker,
+        state_dir=args.state_dir,
+        credentials=credentials(config, args.id),
         shard_dir=args.data,
     )
-    try:
-        runner = ClientRunner(
-            config,
-            args.id,
-            broker,
-            shard,
-            state_dir=args.state_dir,
-            credentials=credentials(config, args.id),
-        )
-    except MqttflError:
-        raise
-    except Exception as exc:
-        saved = (
-            sorted(str(p) for p in args.state_dir.glob(f"*{args.id}*"))
-            if args.state_dir.is_dir()
-            else []
-        )
-        where = f"; --state-dir {args.state_dir} holds {', '.join(saved)[:200]}" if saved else ""
-        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-        raise MqttflError(
-            f"client {args.id!r} could not start ({type(exc).__name__}: {detail}){where}: "
-            "state saved by another config or run? Move it aside or give this run its own "
-            "--state-dir"
-        ) from None
-    return asyncio.run(runner.run())

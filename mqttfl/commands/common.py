@@ -145,3 +145,21 @@ def first_mqttfl_error(group: BaseExceptionGroup[BaseException]) -> MqttflError 
             if found is not None:
                 return found
     return None
+
+
+def add_many_clients_args(parser: argparse.ArgumentParser) -> None:
+    """``--ids``, ``--state-dir`` and ``--credentials-dir``: many clients of one machine
+    (`mqttfl clients`, `mqttfl fleet`)."""
+    parser.add_argument("--ids", required=True, help="client ids: ranges and lists, e.g. 0-9,12")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("client-state"),
+        help="where the clients keep their state between restarts (one file per run id)",
+    )
+    parser.add_argument(
+        "--credentials-dir",
+        type=Path,
+        help="a directory of <id>.env files, one identity per client (as `broker init` "
+        "writes them in credentials/); default: the config's credentials for all",
+    )

@@ -53,17 +53,27 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     broker = broker_address(args)
     make_dir(args.out, what="--out")
     _check_shapes(config)
+    from mqttfl.engine.journal import Journal
+    from mqttfl.engine.state import check_resume
     from mqttfl.nodes.run_lease import claim_run
 
     setup_logging(config, "coordinator", args.out)
     watch_parent()
     identity = credentials(config, "coordinator")
-    # Before torch is even imported: a second coordinator or a finished run id is told at once.
+    # Everything --out holds is read (and found usable) before the broker is touched, so
+    # --clear-run never clears a run it then cannot start; nothing in --out changes until
+    # the run is ours.
+    resume = check_resume(Journal(args.out), config)
     asyncio.run(claim_run(config, broker, args.out, credentials=identity, clear=args.clear_run))
     from mqttfl.nodes.coordinator import Coordinator
 
     coordinator = Coordinator(
-        config, broker, args.out, credentials=identity, fresh_session=args.clear_run
+        config,
+        broker,
+        args.out,
+        credentials=identity,
+        fresh_session=args.clear_run,
+        resume=resume,
     )
     summary = asyncio.run(coordinator.run())
     if summary and not os.environ.get("MQTTFL_PARENT_PID"):  # `mqttfl run` prints its own

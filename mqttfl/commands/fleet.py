@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from mqttfl.commands.common import (
     add_config_args,
+    add_many_clients_args,
     broker_address,
     credentials,
     positive,
@@ -21,23 +21,11 @@ from mqttfl.config import load_config
 def add_fleet_command(subparsers: Any) -> None:
     fleet = subparsers.add_parser("fleet", help="run many client devices in one process")
     add_config_args(fleet)
-    fleet.add_argument("--ids", required=True, help="client ids: ranges and lists, e.g. 0-9,12")
-    fleet.add_argument(
-        "--state-dir",
-        type=Path,
-        default=Path("client-state"),
-        help="where the clients keep their state between restarts (one file per run id)",
-    )
+    add_many_clients_args(fleet)
     fleet.add_argument(
         "--workers",
         type=positive,
         help="threads that train and evaluate, one client at a time each (default: cores)",
-    )
-    fleet.add_argument(
-        "--credentials-dir",
-        type=Path,
-        help="a directory of <id>.env files, one identity per client (as `broker init` "
-        "writes them in credentials/); default: the config's credentials for all",
     )
     fleet.set_defaults(func=cmd_fleet)
 

@@ -67,15 +67,16 @@ def add_sense_command(subparsers: Any) -> None:
 def cmd_sense(args: argparse.Namespace) -> int:
     from mqttfl.bus.address import BrokerAddress, Credentials
     from mqttfl.logs import configure_logging
-    from mqttfl.sensing.publish import check_name
+    from mqttfl.sensing.publish import check_discovery_prefix, check_name
     from mqttfl.sensing.runner import SenseOptions, Sensor, Source
 
     configure_logging(None, level="error")  # the sensor writes its own lines (dropped frames)
-    if args.name is not None:
-        try:
+    try:  # before loading the model: both go into topics
+        if args.name is not None:
             check_name(args.name)
-        except ValueError as exc:
-            raise MqttflError(str(exc)) from None
+        check_discovery_prefix(args.discovery_prefix)
+    except ValueError as exc:
+        raise MqttflError(str(exc)) from None
     if args.readings is not None and args.readings < 1:
         raise MqttflError("--readings must be a positive whole number")
     password = os.environ.get("MQTTFL_SENSE_PASSWORD")

@@ -255,8 +255,6 @@ def _load_nexmon(path: Path, chip: str | None, bw: int | None) -> Capture:
 
 
 def _load_esp32(path: Path) -> Capture:
-    import csiread
-
     data = read_capture_bytes(path)
     try:
         text = data.decode("utf-8")
@@ -264,6 +262,10 @@ def _load_esp32(path: Path) -> Capture:
         raise not_format_error(path, "esp32", "binary data, expected a CSV text file") from None
     parser = "csiread"
     try:
+        # csiread comes with the [capture] extra; without it (a sensing device's base
+        # install) the tolerant parser reads the file, as it does when csiread refuses one
+        import csiread
+
         reader = csiread.ESP32(str(path), if_report=False)
         _quietly(reader.read)
         csi = np.asarray(reader.csi)

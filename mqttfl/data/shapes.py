@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
-from mqttfl.data.sources import load_client_shard
+from mqttfl.data.sources import run_client_shard
 from mqttfl.errors import ConfigError
 from mqttfl.models.sizes import shape_problem
 
@@ -45,13 +45,7 @@ def sample_shape_problem(config: RunConfig) -> str | None:
         if arch in seen:
             continue
         seen.add(arch)
-        shard = load_client_shard(
-            config.data,
-            client,
-            seed=config.seed,
-            num_classes=config.model.num_classes,
-            num_clients=config.federation.num_clients,
-        )
+        shard = run_client_shard(config, client)
         problem = shard_shape_problem(config, client, shard)
         if problem is not None:
             return problem

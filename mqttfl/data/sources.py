@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mqttfl.config import DataConfig
+from mqttfl.config import DataConfig, RunConfig
 from mqttfl.data.shard import Shard, load_shard
 from mqttfl.errors import ConfigError, DataError
 from mqttfl.wire.ids import is_numeric_id
@@ -74,6 +74,18 @@ def shard_directory(data: DataConfig, client_id: str) -> Path:
             directory, "no shard for this client (expected client-<id>/ under data.path)"
         )
     return directory
+
+
+def run_client_shard(config: RunConfig, client_id: str, shard_dir: Path | None = None) -> Shard:
+    """The shard a run's config gives ``client_id`` (its seed, classes and clients)."""
+    return load_client_shard(
+        config.data,
+        client_id,
+        seed=config.seed,
+        num_classes=config.model.num_classes,
+        num_clients=config.federation.num_clients,
+        shard_dir=shard_dir,
+    )
 
 
 def load_client_shard(

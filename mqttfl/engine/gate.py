@@ -1,13 +1,19 @@
 """The coordinator's upload gate: every upload is accepted once or rejected with a reason.
 
-Checks run cheapest first: size (before decoding), round in the topic (stale/future),
-then the decoded envelope (type, run, round, sender against the topic's client id), the
-client's registration and selection, duplicates, and the method's payload schema.
+Checks run cheapest first. :meth:`UploadGate.screen` needs only the topic and the size,
+and is O(1): size, round in the topic (stale/future), a repeat of an accepted upload.
+Only then is the upload decoded: the envelope (type, run, round, sender against the
+topic's client id), the client's registration and selection, the method's payload
+schema.
+
+Upload schemas are cached by what decides them (architecture and sample shape), at most
+:data:`MAX_SCHEMAS` of them: an announcement's ``arch`` is chosen by its sender, and a
+cache keyed by it without a bound grew by about 1 KB per announcement (issue 30).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from mqttfl.algorithms.base import Algorithm, Context, Upload
@@ -17,6 +23,9 @@ from mqttfl.models.sizes import shape_problem
 from mqttfl.wire import PayloadSchema
 from mqttfl.wire.control import read_envelope
 from mqttfl.wire.schemas import ClientInfo
+
+MAX_SCHEMAS = 64
+SchemaKey = tuple[str, tuple[int, ...]]
 
 
 @dataclass
@@ -31,7 +40,7 @@ class UploadGate:
     selected: frozenset[str] = frozenset()
     accepted: dict[str, Upload] = field(default_factory=dict)
     accepted_bytes: dict[str, int] = field(default_factory=dict)
-    _schemas: dict[tuple[str, str, tuple[int, ...]], PayloadSchema] = field(default_factory=dict)
+    _schemas: OrderedDict[SchemaKey, PayloadSchema] = field(default_factory=OrderedDict)
 
     def open_round(self, t: int, selected: list[str], *, keep: bool) -> None:
         """Open round t for ``selected``; ``keep`` (a retry of round t) retains the uploads
@@ -52,19 +61,33 @@ class UploadGate:
     def schema_for(self, info: ClientInfo) -> PayloadSchema:
         """The method's upload schema for this client; WireError if its announcement
         (an unknown model, an impossible sample shape) leaves the method nothing to accept."""
-        key = (info.client_id, info.arch, info.sample_shape)
+        key = (info.arch, info.sample_shape)
         problem = None
         if info.arch in MODEL_NAMES:  # (a method may take uploads of a model it never sees)
             problem = shape_problem(info.arch, info.sample_shape)
         if problem is not None:  # it would fail at every round start
             raise WireError("client_info", problem)
-        if key not in self._schemas:
+        schema = self._schemas.get(key)
+        if schema is None:
             try:
-                self._schemas[key] = self.algorithm.upload_schema(self.ctx, info)
+                schema = self.algorithm.upload_schema(self.ctx, info)
             except Exception as exc:  # the method's own error about this announcement
                 detail = f"no upload schema for {info.arch!r} {info.sample_shape}: {exc}"
                 raise WireError("client_info", detail[:300]) from None
-        return self._schemas[key]
+            self._schemas[key] = schema
+            if len(self._schemas) > MAX_SCHEMAS:
+                self._schemas.popitem(last=False)
+        self._schemas.move_to_end(key)
+        return schema
+
+    def screen(self, t: int, client: str, size: int) -> None:
+        """The O(1) checks, from the topic and the size alone: RejectedUpload (counted)
+        for an upload the open round does not wait for, before anything is decoded."""
+        try:
+            self._screen(t, client, size)
+        except WireError as exc:
+            self.rejections[exc.reason] += 1
+            raise RejectedUpload(exc.reason, exc.detail) from None
 
     def check(
         self, t: int, topic_client: str, raw: bytes, info: ClientInfo | None, wire_bytes: int = -1
@@ -80,21 +103,24 @@ class UploadGate:
         self.accepted_bytes[topic_client] = wire_bytes if wire_bytes >= 0 else len(raw)
         return upload
 
-    def _check(self, t: int, client: str, raw: bytes, info: ClientInfo | None) -> Upload:
-        if len(raw) > self.max_bytes:
-            raise WireError("oversize", f"{len(raw)} bytes exceeds the limit of {self.max_bytes}")
+    def _screen(self, t: int, client: str, size: int) -> None:
+        if size > self.max_bytes:
+            raise WireError("oversize", f"{size} bytes exceeds the limit of {self.max_bytes}")
         if t < self.round or (t == self.round and not self.open):
             raise WireError(
                 "stale", f"upload for round {t} after it closed (now round {self.round})"
             )
         if t > self.round:
             raise WireError("future", f"upload for round {t} while round {self.round} is open")
+        if client in self.accepted:
+            raise WireError("duplicate", f"client {client!r} already uploaded for round {t}")
+
+    def _check(self, t: int, client: str, raw: bytes, info: ClientInfo | None) -> Upload:
+        self._screen(t, client, len(raw))
         message = read_envelope(raw, "upload", self.run_id, sender=client, round=t, max_bytes=None)
         if info is None:
             raise WireError("unknown_client", f"client {client!r} never announced itself")
         if client not in self.selected:
             raise WireError("not_selected", f"client {client!r} is not selected in round {t}")
-        if client in self.accepted:
-            raise WireError("duplicate", f"client {client!r} already uploaded for round {t}")
         self.schema_for(info).validate(message.body)
         return Upload(client, info, message.body)

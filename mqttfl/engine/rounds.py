@@ -8,15 +8,11 @@ deadline passes; aggregate if at least ``min_clients`` uploads arrived, else re-
 is dropped, not the round); hand the encoded downlinks and the checkpoint to the caller
 (:class:`Close`). After the last round it waits for the final metrics (:class:`Finish`).
 
-The engine is driven from outside (sans-IO): the bus adapter
-(:mod:`mqttfl.nodes.coordinator`) feeds it decoded events (``on_*``), calls
-:meth:`RoundEngine.step` and performs the actions it returns, and calls ``step`` again at
-:meth:`RoundEngine.wake_at`. Tests drive the same loop in-process with a fake clock.
-
-A client that was selected and never acknowledged is unresponsive (a forged ``online``
-status, a device that hung): it is left out of selections until it shows life again (a
-new status, an acknowledgement, an upload or metrics), so it costs one round at most
-``ack_timeout_s``, never a deadline.
+Sans-IO: the bus adapter (:mod:`mqttfl.nodes.coordinator`) feeds it decoded events
+(``on_*``), performs the actions :meth:`RoundEngine.step` returns and steps again at
+:meth:`RoundEngine.wake_at`; tests drive it in-process with a fake clock. A selected
+client that never acknowledged (a forged ``online``, a hung device) is left out of
+selections until it shows life again: it costs one ``ack_timeout_s``, never a deadline.
 """
 
 from __future__ import annotations
@@ -35,6 +31,7 @@ from mqttfl.algorithms.base import Algorithm, Context, ServerSide, Upload
 from mqttfl.config import RunConfig
 from mqttfl.engine.aggregate import aggregate_checked
 from mqttfl.engine.gate import UploadGate
+from mqttfl.engine.sites import SiteNotices
 from mqttfl.engine.state import RunState, run_summary
 from mqttfl.errors import RunAborted, WireError
 from mqttfl.logs import get_logger
@@ -138,6 +135,7 @@ class RoundEngine:
             algorithm, ctx, config.run_id, self.fed.max_upload_bytes, self.state.rejections
         )
         self.clients: dict[str, ClientRecord] = {}
+        self.sites = SiteNotices()
         self.records: list[dict[str, Any]] = list(records or [])
         self.metrics_seen: dict[int, set[str]] = {}
         for record in self.records:
@@ -234,23 +232,31 @@ class RoundEngine:
         if t > self.state.round:
             raise WireError("future", f"metrics for round {t}, which has not closed")
         self._alive(client)
-        seen = self.metrics_seen.setdefault(t, set())
-        if client in seen:
+        if self.metrics_repeat(t, client):
             return None
-        seen.add(client)
+        self.metrics_seen.setdefault(t, set()).add(client)
         record = {"round": t, "client_id": client, **metrics.values}
         self.records.append(record)
         return record
 
+    def metrics_repeat(self, t: int, client: str) -> bool:
+        """O(1), before decoding: ``client``'s metrics of round ``t`` are in already."""
+        return client in self.metrics_seen.get(t, ())
+
     def on_site(self, site: str, up: bool) -> None:
         """A site's bridge to this broker came or went (Mosquitto publishes its will): when
-        it goes, every client behind it is gone at once; back, they announce themselves."""
-        self.log.warning("site.up" if up else "site.down", site=site, round=self.round)
-        if up:
+        it goes, every client behind it is gone at once; back, they announce themselves.
+        Only a change counts, and at most one drop per site per SITE_HOLD_S (sites.py)."""
+        change = self.sites.change(site, up, self.clock())
+        if change is None:
             return
-        for client, record in self.clients.items():
-            if record.info.site == site and record.online:
-                self.on_status(Offline(client, f"site {site} down"))
+        behind = [c for c, r in self.clients.items() if r.info.site == site and r.online]
+        event = "site.held" if change == "held" else f"site.{change}"
+        self.log.warning(event, site=site, round=self.round, clients=sorted(behind))
+        if change != "down":
+            return
+        for client in behind:
+            self.on_status(Offline(client, f"site {site} down"))
 
     def on_broker_lost(self) -> None:
         self.broker_down = True

@@ -1,17 +1,25 @@
-"""The coordinator's run state: counters, traffic accounting and the checkpoint, in one place."""
+"""The coordinator's run state: counters, traffic accounting and the checkpoint, in one
+place; and :func:`check_resume`, where a restarted coordinator goes on from."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from mqttfl.config import RunConfig
-from mqttfl.errors import MqttflError
+from mqttfl.engine.journal import Journal, mean_over_clients, read_checkpoint, summarize_clients
+from mqttfl.errors import DataError, MqttflError
+from mqttfl.files import JsonLines, one_line, set_aside, set_aside_tail
 from mqttfl.wire.control import DownlinkPayloads
 from mqttfl.wire.ids import client_order
+from mqttfl.wire.topics import MAX_ROUND
 
-__all__ = ["RunState", "client_order"]
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger as BoundLogger
+
+__all__ = ["Resume", "RunState", "check_resume", "client_order"]
 
 
 def _comm() -> dict[str, int]:
@@ -52,12 +60,16 @@ class RunState:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], config: RunConfig, *, source: str) -> RunState:
-        """Raise MqttflError if the checkpoint belongs to another run or method."""
+        """Raise MqttflError if the checkpoint belongs to another run or method, and
+        DataError naming ``source`` and the field if it is malformed."""
         if data.get("run_id") != config.run_id or data.get("method") != config.method:
             raise MqttflError(
-                f"{source} belongs to run {data.get('run_id')!r} ({data.get('method')}); "
-                "use another --out"
+                f"{source}: belongs to run {str(data.get('run_id'))[:80]!r} "
+                f"({str(data.get('method'))[:80]}); use another --out"
             )
+        problem = _malformed(data)
+        if problem is not None:
+            raise DataError(source, f"not a checkpoint of this version: {problem}")
         saved = data.get("downlink_payloads")
         return cls(
             round=int(data["round"]),
@@ -74,12 +86,118 @@ class RunState:
         )
 
 
+def _count(value: Any, high: int = 2**62) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= high
+
+
+def _counts(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and _count(v) for k, v in value.items()
+    )
+
+
+def _malformed(data: dict[str, Any]) -> str | None:
+    """What is wrong with a decoded checkpoint's fields (None: nothing)."""
+    if not _count(data.get("round"), MAX_ROUND):
+        return f"'round' is {repr(data.get('round'))[:40]}, not a round number"
+    if not isinstance(data.get("server"), dict) or not all(
+        isinstance(k, str) for k in data["server"]
+    ):
+        return "'server' is not a map of names"
+    for key in ("comm", "rejections"):
+        if not _counts(data.get(key)):
+            return f"'{key}' is not a map of counts"
+    if not _counts(data.get("rejected_messages", {})):
+        return "'rejected_messages' is not a map of counts"
+    for key in ("retries", "missing_uploads"):
+        if not _count(data.get(key)):
+            return f"'{key}' is not a count"
+    saved = data.get("downlink_payloads")
+    if saved and not (
+        isinstance(saved, dict)
+        and isinstance(saved.get("broadcast"), bytes)
+        and isinstance(saved.get("personal"), dict)
+        and all(isinstance(k, str) and isinstance(v, bytes) for k, v in saved["personal"].items())
+    ):
+        return "'downlink_payloads' are not the encoded downlinks"
+    clients = data.get("clients", [])
+    if not isinstance(clients, list) or not all(isinstance(c, str) for c in clients):
+        return "'clients' is not a list of client ids"
+    return None
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a (re)started coordinator goes on from, as read from its run dir: nothing
+    changed there yet. :meth:`apply` sets aside what the crash left (a checkpoint that
+    does not decode, a partial last line of metrics.jsonl) once the run is ours."""
+
+    state: RunState | None
+    records: list[dict[str, Any]]
+    metrics: JsonLines
+    unusable: tuple[Path, str] | None = None  # a checkpoint passed over, and why
+
+    def apply(self, log: BoundLogger) -> None:
+        if self.unusable is not None:
+            path, reason = self.unusable
+            kept = set_aside(path, "bad") if path.exists() else None
+            log.warning(
+                "checkpoint.fell_back",
+                path=str(path),
+                kept_as=None if kept is None else kept.name,
+                reason=reason,
+                from_round=None if self.state is None else self.state.round,
+            )
+        set_aside_tail(self.metrics)
+
+
+def check_resume(journal: Journal, config: RunConfig) -> Resume:
+    """Read the run dir a coordinator resumes from, changing nothing: the newest
+    checkpoint that decodes (else the previous one, kept for this), and metrics.jsonl up
+    to its last complete line. MqttflError (one line naming the file and what is wrong)
+    if the run dir holds another run, or checkpoints of which none decodes, or a
+    malformed metrics.jsonl."""
+    problems: list[str] = []
+    state: RunState | None = None
+    unusable: tuple[Path, str] | None = None
+    for path in (journal.checkpoint_path, journal.previous_checkpoint_path):
+        if not path.exists():
+            if path == journal.checkpoint_path and journal.previous_checkpoint_path.exists():
+                # killed between setting the checkpoint aside and writing the next one
+                unusable, problems = (path, "missing"), [f"{path}: missing"]
+            continue
+        try:
+            state = RunState.from_dict(read_checkpoint(path), config, source=str(path))
+            _server_loads(state, config, source=path)
+        except DataError as exc:
+            problems.append(str(exc))
+            unusable = unusable or (path, str(exc))
+            continue
+        break
+    if state is None and problems:
+        raise MqttflError(f"cannot resume: {'; '.join(problems)}")
+    records, metrics = journal.read_metrics()
+    return Resume(state, records if state is not None else [], metrics, unusable)
+
+
+def _server_loads(state: RunState, config: RunConfig, *, source: Path) -> None:
+    """DataError if the method's server cannot take the checkpoint's server state."""
+    from mqttfl.algorithms import get_algorithm, make_context
+
+    server = get_algorithm(config.method).server(make_context(config))
+    try:
+        server.load_state_dict(state.server)
+    except Exception as exc:
+        raise DataError(
+            source, f"its {config.method} server state does not load: {one_line(exc)}"
+        ) from None
+
+
 def run_summary(
     config: RunConfig, state: RunState, records: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """summary.json: per-client metrics (last five rounds), traffic and every counter."""
     from mqttfl.data.sources import labels_are_ordinal
-    from mqttfl.engine.journal import mean_over_clients, summarize_clients
 
     table = summarize_clients(records)
     comm = state.comm

@@ -49,8 +49,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mqttfl.engine.journal import LAST_ROUNDS, mean_over_clients, summarize_clients, write_atomic
+from mqttfl.engine.journal import LAST_ROUNDS, mean_over_clients, summarize_clients, summary_bytes
 from mqttfl.evaluation.imports import import_closure
+from mqttfl.files import write_atomic
 from mqttfl.logs import get_logger
 from mqttfl.wire.ids import client_order
 
@@ -466,7 +467,5 @@ def add_local_reference(
     if reference is None:
         return summary
     summary = with_reference(summary, reference)
-    write_atomic(
-        out / "summary.json", (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode()
-    )
+    write_atomic(out / "summary.json", summary_bytes(summary))
     return summary

@@ -2,7 +2,9 @@
 
 Reads each run directory's ``summary.json`` and ``metrics.jsonl`` (a directory without a
 summary is searched for run directories below it, so a ``mqttfl compare`` output works
-too) and writes to ``--out``:
+too), each checked as :mod:`mqttfl.engine.journal` reads it (a malformed file is one line
+naming it; a last line cut short by a killed coordinator is left out), and writes to
+``--out``:
 
 - ``report.md``: one row per method (mean ± std over its runs of the last-5-round means,
   and payload KB per client-round up and down), one row per run, and each run's
@@ -24,8 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from mqttfl.engine.journal import read_metrics_file, read_summary
 from mqttfl.errors import MqttflError
 from mqttfl.evaluation.table import run_split, shows_mae
+from mqttfl.files import write_atomic
 from mqttfl.wire.ids import client_order
 
 METRICS = ("accuracy", "f1", "mae")
@@ -68,24 +72,10 @@ def find_runs(paths: list[Path]) -> list[RunData]:
         raise MqttflError(f"no run directory (with summary.json) in {', '.join(map(str, paths))}")
     runs = []
     for path in dict.fromkeys(found):
-        try:
-            summary = json.loads((path / "summary.json").read_text())
-        except json.JSONDecodeError as exc:
-            raise MqttflError(f"{path / 'summary.json'} is not valid JSON: {exc}") from None
-        runs.append(RunData(path, summary, _read_metrics(path / "metrics.jsonl")))
+        summary = read_summary(path / "summary.json")
+        records, _ = read_metrics_file(path / "metrics.jsonl")
+        runs.append(RunData(path, summary, records))
     return runs
-
-
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut short by a killed coordinator
-    return records
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -197,12 +187,13 @@ def _reference_cells(summary: dict[str, Any], client: str | None) -> tuple[str, 
     reference = summary.get("local_reference")
     if not isinstance(reference, dict):
         return "-", "-"
+    gains = reference.get("gain") or {}
     if client is None:
-        local = reference.get("mean", {}).get("accuracy")
-        gain = reference.get("gain", {}).get("mean")
+        local = (reference.get("mean") or {}).get("accuracy")
+        gain = gains.get("mean")
     else:
-        local = reference.get("clients", {}).get(client, {}).get("accuracy")
-        gain = reference.get("gain", {}).get("clients", {}).get(client)
+        local = ((reference.get("clients") or {}).get(client) or {}).get("accuracy")
+        gain = (gains.get("clients") or {}).get(client)
     if local is None or gain is None:
         return "-", "-"
     return f"{local * 100:.2f}", f"{gain * 100:+.2f}"
@@ -299,8 +290,8 @@ def write_report(paths: list[Path], out: Path) -> Path:
     _line_plot(accuracy, "mean client accuracy", "Accuracy per round", out / "accuracy.png")
     _line_plot(kb, "KB per round (all clients, up + down)", "Bytes per round", out / "bytes.png")
     bars = _client_bars(runs, out / "clients.png")
-    (out / "report.md").write_text(render_markdown(runs, rows))
-    (out / "report.json").write_text(
+    write_atomic(out / "report.md", render_markdown(runs, rows).encode())
+    report = (
         json.dumps(
             {
                 "runs": [
@@ -325,4 +316,5 @@ def write_report(paths: list[Path], out: Path) -> Path:
         )
         + "\n"
     )
+    write_atomic(out / "report.json", report.encode())
     return out / "report.md"

@@ -1,9 +1,11 @@
 """Rebuild a client of a finished run and write its evaluation model as ONNX.
 
 The client is built as its runner builds it (:func:`mqttfl.nodes.device.build_client_side`
-on the shard its config gives it), its state file ``clients/client-<id>.pt`` is loaded,
-and its method's :meth:`~mqttfl.algorithms.base.ClientSide.evaluation_model` for the last
-round it applied is traced with ``torch.onnx.export`` (the dynamo exporter, a dynamic
+on the shard its config gives it), its state file ``clients/client-<id>.pt`` is loaded
+read-only (the run's files are never renamed or changed: a state that cannot be used is
+one DataError, never an untrained export), and its method's
+:meth:`~mqttfl.algorithms.base.ClientSide.evaluation_model` for the last round it
+applied is traced with ``torch.onnx.export`` (the dynamo exporter, a dynamic
 batch axis). The ONNX model is then run with onnxruntime on the client's test windows
 and compared with torch: the largest absolute difference goes into ``sensor.json``.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import warnings
 from dataclasses import dataclass
@@ -27,7 +28,6 @@ from mqttfl.sensing.spec import MODEL_FILE, SensorSpec
 from mqttfl.wire.ids import check_id, client_order
 
 OPSET = 18
-EVAL_BATCH = 256  # mqttfl.training.loops.predict_logits evaluates in batches of 256
 INPUT_NAME, OUTPUT_NAME = "x", "scores"
 
 
@@ -40,16 +40,17 @@ class Exported:
 
 
 def run_summary(run_dir: Path) -> dict[str, Any]:
+    """The run's summary.json as checked by :func:`mqttfl.engine.journal.read_summary`
+    (DataError naming it and what is wrong), with the config it ran."""
+    from mqttfl.engine.journal import read_summary
+
     path = Path(run_dir) / "summary.json"
     if not Path(run_dir).is_dir():
         raise DataError(run_dir, "run directory not found")
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(path, "file not found: the run has not finished") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DataError(path, f"unreadable: {exc}") from None
-    if not isinstance(summary, dict) or not isinstance(summary.get("config"), dict):
+    if not path.exists():
+        raise DataError(path, "file not found: the run has not finished")
+    summary = read_summary(path)
+    if not isinstance(summary.get("config"), dict):
         raise DataError(path, "holds no 'config' (not written by mqttfl run or coordinator)")
     return summary
 
@@ -59,20 +60,15 @@ def run_clients(summary: dict[str, Any]) -> list[str]:
 
 
 def last_scores(run_dir: Path, client_id: str) -> dict[str, Any]:
-    """The client's last evaluated round in metrics.jsonl (accuracy, F1, MAE)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    best: dict[str, Any] | None = None
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if str(record.get("client_id")) == client_id and (
-                best is None or int(record["round"]) >= int(best["round"])
-            ):
-                best = record
-    if best is None:
+    """The client's last evaluated round in metrics.jsonl (accuracy, F1, MAE), read up to
+    its last complete line and never changed; DataError naming a malformed line."""
+    from mqttfl.engine.journal import read_metrics_file
+
+    records, _ = read_metrics_file(Path(run_dir) / "metrics.jsonl")
+    mine = [r for r in records if r["client_id"] == client_id]
+    if not mine:
         return {}
+    best = max(mine, key=lambda r: int(r["round"]))
     keys = ("round", "accuracy", "f1", "mae", "num_test")
     return {key: best[key] for key in keys if key in best}
 
@@ -140,9 +136,10 @@ def export_client(
 
     from mqttfl.algorithms import get_algorithm, make_context
     from mqttfl.config import RunConfig
-    from mqttfl.data.sources import load_client_shard
+    from mqttfl.data.sources import run_client_shard
     from mqttfl.nodes.client_state import Progress, StateFile, state_path
     from mqttfl.nodes.device import build_client_side
+    from mqttfl.training.memory import eval_batch_size
 
     run_dir = Path(run_dir)
     client_id = check_id(client_id)
@@ -160,19 +157,18 @@ def export_client(
         state_file = run_dir / "clients" / f"client-{client_id}.pt"
     if not state_file.is_file():
         raise DataError(state_file, "client state file not found")
-    shard = load_client_shard(
-        config.data,
-        client_id,
-        seed=config.seed,
-        num_classes=config.model.num_classes,
-        num_clients=config.federation.num_clients,
-        shard_dir=shard_dir,
-    )
+    # Read-only: a state that cannot be used stops the export (it is never set aside, and
+    # never replaced by an untrained model); the scores are read before any work is done.
+    saved = StateFile(state_file).read()
+    metrics = last_scores(run_dir, client_id)
+    shard = run_client_shard(config, client_id, shard_dir)
     torch.set_num_threads(config.train.torch_threads)  # the client's (reductions' order)
     algorithm = get_algorithm(config.method)
     method = build_client_side(config, algorithm, make_context(config), client_id, shard)
     progress = Progress()
-    StateFile(state_file).load(method.model, method, progress)
+    StateFile(state_file).load_read_only(method.model, method, progress, state=saved)
+    if progress.applied_round < 1:
+        raise DataError(state_file, "holds no trained round (the client never applied one)")
     module = method.evaluation_model(progress.applied_round).eval()
 
     out = Path(out)
@@ -180,13 +176,15 @@ def export_client(
     x = shard.x_test if len(shard.x_test) else shard.x_train
     model_path = out / MODEL_FILE
     export_onnx(module, np.ascontiguousarray(x[: min(len(x), 4)]), model_path)
-    reference = torch_scores(module, x, EVAL_BATCH)
-    scores = onnx_scores(model_path, x, EVAL_BATCH)
+    # the batches the client evaluates in (bounded activations), so sense's --eval
+    # reproduces its figures
+    batch = eval_batch_size(module, shard.sample_shape)
+    reference = torch_scores(module, x, batch)
+    scores = onnx_scores(model_path, x, batch)
     deviation = float(np.max(np.abs(reference - scores))) if reference.size else 0.0
     agree = float(np.mean(reference.argmax(axis=1) == scores.argmax(axis=1))) if len(x) else 1.0
 
     labels, counts = class_names(shard, config.model.num_classes)
-    metrics = last_scores(run_dir, client_id)
     spec = SensorSpec(
         input_name=INPUT_NAME,
         input_shape=shard.sample_shape,
@@ -205,7 +203,7 @@ def export_client(
             "run_dir": str(run_dir.resolve()),
         },
         scores=metrics,
-        eval_batch_size=EVAL_BATCH,
+        eval_batch_size=batch,
         export={
             "opset": OPSET,
             "torch": torch.__version__,

@@ -1,6 +1,7 @@
-"""`mqttfl run`: a local broker, the coordinator and one OS process per client (or,
-with ``--fleets K``, K fleet processes holding contiguous blocks of the clients; each
-fleet client still has its own identity on the broker).
+"""`mqttfl run`: a local broker, the coordinator and one OS process per client, forked
+by one `mqttfl clients` parent so that they share torch's pages (or, with ``--fleets
+K``, K fleet processes holding contiguous blocks of the clients; each fleet client still
+has its own identity on the broker).
 
 Everything started here is torn down on success, failure, Ctrl-C or SIGTERM: children
 run in their own sessions and are terminated (then killed) by us, and each child also
@@ -138,15 +139,15 @@ class LocalFederation:
             cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL
         )
 
-    def start_client(self, client_id: str) -> None:
-        self._spawn(
-            f"client-{client_id}",
-            self._command(
-                "client", "--id", client_id, "--state-dir", str(self.out_dir / "clients")
-            ),
-            self.client_console,
-            client_id,
-        )
+    def start_clients(self, ids: list[str]) -> None:
+        """One `mqttfl clients` parent that forks a process per client (each still its own
+        device: session, last will, shard, state, log), sharing torch's pages."""
+        from mqttfl.nodes.fleet import format_ids
+
+        extra = ["--ids", format_ids(ids), "--state-dir", str(self.out_dir / "clients")]
+        if self.credentials_dir is not None:
+            extra += ["--credentials-dir", str(self.credentials_dir)]
+        self._spawn("clients", self._command("clients", *extra), self.client_console, "")
 
     def start_fleet(self, index: int, ids: list[str]) -> None:
         """One `mqttfl fleet` process for ``ids``; the cores are divided among the fleets."""
@@ -167,8 +168,7 @@ class LocalFederation:
     def _start_clients(self) -> None:
         ids = [str(index) for index in range(self.config.federation.num_clients)]
         if self.fleets is None:
-            for client in ids:
-                self.start_client(client)
+            self.start_clients(ids)
             return
         from mqttfl.nodes.fleet import split_ids
 

@@ -22,7 +22,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,6 +42,7 @@ from mqttfl.nodes.client_inbox import Received, read_for_client
 from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path
 from mqttfl.nodes.device import build_client_side, round_rng
 from mqttfl.nodes.run_lease import finished_text
+from mqttfl.training.memory import release, resident_mb
 from mqttfl.training.metrics import classification_report
 from mqttfl.wire import Message, Topics, check_id, encode
 from mqttfl.wire.control import (
@@ -93,9 +94,11 @@ class ClientRunner:
         executor: Executor | None = None,
     ) -> None:
         """``executor`` runs training and evaluation (a fleet's worker pool, shared by its
-        runners); without one they run in asyncio's default thread pool."""
+        runners); without one they run in one thread of this runner's own, so that one
+        allocator arena holds what torch allocates (a pool of threads would take one
+        each, and keep each one's high-water mark)."""
         self.config = config
-        self.executor = executor
+        self.executor: Executor = executor or ThreadPoolExecutor(1, thread_name_prefix="train")
         self.client_id = check_id(client_id)
         self.topics = Topics(config.run_id)
         self.shard = shard
@@ -186,8 +189,6 @@ class ClientRunner:
 
     async def _off_loop(self, func: Callable[..., T], /, *args: Any) -> T:
         """Run ``func`` off the event loop, so the MQTT keep-alive goes on meanwhile."""
-        if self.executor is None:
-            return await asyncio.to_thread(func, *args)
         call = functools.partial(contextvars.copy_context().run, func, *args)
         return await asyncio.get_running_loop().run_in_executor(self.executor, call)
 
@@ -315,6 +316,7 @@ class ClientRunner:
             body = await self._off_loop(self.method.make_upload, t)
         finally:
             self.training_round = 0
+            release()  # the round's activations and batches, back to the OS
         try:  # refuse to publish anything the method does not permit
             self.schema.validate(body)
         except WireError as exc:
@@ -338,11 +340,14 @@ class ClientRunner:
         self.progress.bytes_up[t] = len(payload)
         self.last_loss = float(loss)
         await self.state_file.save(self.model, self.method, self.progress)
+        rss, peak = resident_mb()
         log.info(
             "upload.sent",
             bytes=len(payload),
             train_loss=round(loss, 4),
             seconds=round(time.monotonic() - began, 3),
+            rss_mb=rss,
+            peak_rss_mb=peak,
         )
 
     async def _resend(self, start: RoundStart, received: float) -> None:
@@ -424,6 +429,7 @@ class ClientRunner:
         extra = await self._off_loop(
             self.method.extra_metrics, self.shard.x_test, self.shard.y_test
         )
+        release()
         self.progress.applied_round = t
         await self.state_file.save(self.model, self.method, self.progress)
         values = {
@@ -437,7 +443,14 @@ class ClientRunner:
         }
         metrics = Metrics(t, self.client_id, values).encode(self.config.run_id)
         await self.bus.publish(self.topics.metrics(t, self.client_id), metrics)
-        self.log.info("round.evaluated", round=t, **{k: round(v, 4) for k, v in report.items()})
+        rss, peak = resident_mb()
+        self.log.info(
+            "round.evaluated",
+            round=t,
+            rss_mb=rss,
+            peak_rss_mb=peak,
+            **{k: round(v, 4) for k, v in report.items()},
+        )
 
     def _maybe_finish(self) -> None:
         if self.finish_seen and self.progress.applied_round >= self.config.rounds:

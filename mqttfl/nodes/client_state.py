@@ -7,6 +7,9 @@ after the other or at once, each with its own state; and it records its :class:`
 A state whose owner is not this run's, or that cannot be read or loaded, is set aside
 (renamed ``*.discarded``) with one ``state.discarded`` log line, and the client starts
 fresh: it never crashes on an old file and never skips a round that it has not trained.
+A reader of a finished run (``mqttfl export``) loads it with
+:meth:`StateFile.load_read_only` instead: the file stays as it is, and what cannot be
+used is one DataError.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import copy
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from mqttfl.errors import DataError
+from mqttfl.files import one_line
 from mqttfl.logs import get_logger
 
 if TYPE_CHECKING:
@@ -103,17 +109,33 @@ class StateFile:
         self.log = log if log is not None else get_logger()
         self._writing: asyncio.Task[None] | None = None
 
+    def read(self) -> dict[str, Any]:
+        """The file's state, never changing the file; DataError naming it and what is
+        wrong if it cannot be read (cut short, not a state file)."""
+        try:
+            with warnings.catch_warnings():  # torch's remarks on a foreign pickle
+                warnings.simplefilter("ignore")
+                state = torch.load(self.path, weights_only=True)
+        except FileNotFoundError:
+            raise DataError(self.path, "client state file not found") from None
+        except Exception as exc:  # truncated, or not a state file at all
+            first = one_line(exc).split(". ")[0]  # torch's advice follows
+            raise DataError(
+                self.path,
+                f"unreadable (cut short, or not a state file): {type(exc).__name__}: {first}",
+            ) from None
+        if not isinstance(state, dict):
+            raise DataError(self.path, "unreadable: not a state file")
+        return state
+
     def load(self, model: torch.nn.Module, method: ClientSide, progress: Progress) -> bool:
         """Resume from the file if it is this run's; set it aside (and start fresh) if not."""
         if not self.path.exists():
             return False
         try:
-            state = torch.load(self.path, weights_only=True)
-        except Exception as exc:  # truncated, or not a state file at all
-            self._discard(f"unreadable: {type(exc).__name__}: {exc}"[:300])
-            return False
-        if not isinstance(state, dict):
-            self._discard("unreadable: not a state file")
+            state = self.read()
+        except DataError as exc:
+            self._discard(str(exc).removeprefix(f"{self.path}: "))
             return False
         if self.owner is not None:
             reason = self.owner.mismatch(state.get("owner"))
@@ -128,6 +150,30 @@ class StateFile:
             self._discard(f"does not load: {type(exc).__name__}: {exc}"[:300])
             return False
         return True
+
+    def load_read_only(
+        self,
+        model: torch.nn.Module,
+        method: ClientSide,
+        progress: Progress,
+        *,
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        """Load the file (or its ``state`` as :meth:`read` gave it) for a reader such as
+        ``mqttfl export``: the file is never renamed or changed, and what cannot be used
+        is a DataError naming it, not a fresh start."""
+        state = self.read() if state is None else state
+        if self.owner is not None:
+            reason = self.owner.mismatch(state.get("owner"))
+            if reason is not None:
+                raise DataError(self.path, f"belongs to another run: {reason}")
+        try:
+            self.restore(state, model, method, progress)
+        except Exception as exc:
+            raise DataError(
+                self.path,
+                f"does not load into the run's model: {type(exc).__name__}: {one_line(exc)}",
+            ) from None
 
     def _discard(self, reason: str) -> None:
         aside = self.path.with_name(self.path.name + ".discarded")

@@ -1,16 +1,22 @@
 """The coordinator: the adapter between the round engine and the MQTT bus.
 
 It decodes every message from the broker (:mod:`mqttfl.wire.control`, the upload gate),
-hands the engine what survived, performs the engine's actions (announce a round,
-checkpoint and publish its downlinks, finish) and wakes the engine at its timers. The
-round logic itself lives in :mod:`mqttfl.engine.rounds`, with no MQTT in it.
+within its sender's budget (:mod:`mqttfl.nodes.screen`), hands the engine what survived,
+performs the engine's actions (announce a round, checkpoint and publish its downlinks,
+finish) and wakes the engine at its timers. It keeps the run's lease
+(:class:`~mqttfl.nodes.run_lease.LeaseGuard`). The round logic itself lives in
+:mod:`mqttfl.engine.rounds`, with no MQTT in it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import math
 import time
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +26,14 @@ from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.transport import Bus, Incoming
 from mqttfl.config import RunConfig
+from mqttfl.engine.budget import MAX_SENDERS, RATES
 from mqttfl.engine.journal import Journal
 from mqttfl.engine.rounds import Announce, Close, Finish, RoundEngine
-from mqttfl.engine.state import RunState
+from mqttfl.engine.state import Resume, RunState, check_resume
 from mqttfl.errors import BrokerError, RejectedUpload, RunAborted, WireError
 from mqttfl.logs import get_logger
-from mqttfl.nodes.run_lease import my_lease
+from mqttfl.nodes.run_lease import LeaseGuard, my_lease
+from mqttfl.nodes.screen import LEASE, Screen
 from mqttfl.wire import Topics
 from mqttfl.wire.control import (
     DownlinkPayloads,
@@ -61,31 +69,44 @@ class Coordinator:
         *,
         credentials: Credentials | None = None,
         fresh_session: bool = False,
+        resume: Resume | None = None,
     ) -> None:
         """``fresh_session``: drop what the broker still queues for this run's coordinator
-        client id (a cleared run's leftovers) instead of taking it in."""
+        client id (a cleared run's leftovers) instead of taking it in. ``resume``: the run
+        dir as :func:`~mqttfl.engine.state.check_resume` read it (read now if not given);
+        what a crash left there is set aside here."""
         self.config = config
         self.topics = Topics(config.run_id)
         self.journal = Journal(out_dir)
+        if resume is None:
+            resume = check_resume(self.journal, config)
+        resume.apply(get_logger(run_id=config.run_id, client_id="coordinator"))
         algorithm = get_algorithm(config.method)
         self.ctx = make_context(config)
-        saved = self.journal.load_checkpoint()
-        state = None
-        if saved is not None:
-            state = RunState.from_dict(saved, config, source=str(self.journal.checkpoint_path))
         self.engine = RoundEngine(
             config,
             algorithm,
             self.ctx,
             clock=time.monotonic,
-            state=state,
-            records=self.journal.read_metrics() if state else None,
+            state=resume.state,
+            records=resume.records if resume.state else None,
         )
         self.wake = asyncio.Event()
         self._requests: set[asyncio.Future[int | None]] = set()  # resend requests on their way
         self._syncing: asyncio.Task[None] | None = None
         self.log = get_logger(run_id=config.run_id, client_id="coordinator")
         self.lease = lease = my_lease()
+        self.guard = LeaseGuard(lease, time.monotonic)
+        self.screen = Screen(
+            self.engine,
+            self.topics,
+            time.monotonic,
+            max_senders=max(MAX_SENDERS, 4 * config.federation.num_clients),
+        )
+        self._status: RunStatus | None = None  # the run state last published
+        self._state_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._asserting = False  # our lease is about to be published again
         self.bus = Bus(
             broker,
             identifier=f"mqttfl-{config.run_id}-coordinator",
@@ -95,6 +116,7 @@ class Coordinator:
                 self.topics.any_up,
                 self.topics.any_metrics,
                 self.topics.any_site,
+                self.topics.lease,  # to answer a second coordinator, and to keep the lease
             ],
             credentials=credentials,
             keepalive_s=config.broker.keepalive_s,
@@ -134,30 +156,121 @@ class Coordinator:
             self.engine.on_broker_back()
         else:
             self.engine.on_broker_lost()
+            self.guard.lost_at = time.monotonic()
         self.wake.set()
 
-    def handle(self, message: Incoming) -> None:
-        """Decode, validate and hand one message to the engine; a bad one is counted and
-        logged with its reason, and never escapes."""
+    def handle(self, message: Incoming) -> bool:
+        """Screen, decode, validate and hand one message to the engine; a bad one is
+        counted (and logged within the budgets of its sender and of the log), and never
+        escapes. False when the screen dropped it (the engine has nothing new)."""
+        read = False
+
+        def step() -> None:
+            nonlocal read
+            where = self.screen.where(message)
+            read = self.screen.admit(where, message) == "read"
+            if read:
+                self._handle(message)
+
+        self._guarded(message, step)
+        return read
+
+    def _guarded(self, message: Incoming, step: Callable[[], None]) -> None:
         try:
-            self._handle(message)
+            step()
         except RejectedUpload as exc:
-            event = "upload.late" if exc.reason == "stale" else "upload.rejected"
-            self.log.warning(
-                event,
-                round=exc.round,
-                client=exc.client,
-                reason=exc.reason,
-                detail=exc.detail,
-                bytes=len(message.payload),
-            )
+            if self.screen.may_log(exc.reason):
+                event = "upload.late" if exc.reason == "stale" else "upload.rejected"
+                self.log.warning(
+                    event,
+                    round=exc.round,
+                    client=exc.client,
+                    reason=exc.reason,
+                    detail=exc.detail,
+                    bytes=len(message.payload),
+                )
         except WireError as exc:
             self.state.rejected_messages[exc.reason] += 1
-            self.log.warning(
-                "message.rejected", topic=message.topic[:200], reason=exc.reason, detail=exc.detail
+            if self.screen.may_log(exc.reason):
+                self.log.warning(
+                    "message.rejected",
+                    topic=message.topic[:200],
+                    reason=exc.reason,
+                    detail=exc.detail,
+                )
+        for sender in self.screen.budget.newly_named():
+            self._throttled(sender)
+
+    def _release_held(self) -> bool:
+        """Read the held state messages whose senders have a token again (True if any)."""
+        released = self.screen.release()
+        for message in released:
+            self.screen.quiet = False
+            self._guarded(message, functools.partial(self._handle, message))
+        held = self.screen.budget.summary_due()
+        if held:
+            self.log.warning("messages.held_back", reasons=held, note="rejections not logged")
+        return bool(released)
+
+    def _throttled(self, sender: str) -> None:
+        """Name a sender past its budget, once; the run state lists it for `watch`."""
+        kind = self.screen.budget.named[sender]
+        rate = RATES[kind]
+        self.log.warning(
+            "client.throttled", client=sender, budget=kind, per_s=rate.per_s, burst=rate.burst
+        )
+        if "/" not in sender and self._status is not None:
+            self._spawn(self._publish_state())
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and isinstance(task.exception(), BrokerError):
+            self.log.warning("publish.failed", error=str(task.exception()))
+
+    def _on_lease(self, raw: bytes) -> None:
+        verdict = self.guard.judge(raw)
+        if verdict == "yield":
+            raise self.guard.yielded(self.config.run_id, raw)
+        if verdict == "ignore":
+            return
+        if verdict == "restore" and self.guard.restored & (self.guard.restored - 1) == 0:
+            self.log.warning(  # at the 1st, 2nd, 4th, 8th ... time: a flood logs few lines
+                "lease.restored",
+                found=raw[:200].decode(errors="replace"),
+                times=self.guard.restored,
             )
+        if not self._asserting:  # one answer on its way at a time, within the lease's budget
+            self._asserting = True
+            self._spawn(self._assert_lease())
+
+    async def _assert_lease(self) -> None:
+        budget = self.screen.budget
+        try:
+            await asyncio.sleep(max(budget.ready_at(LEASE, "state") - time.monotonic(), 0.0))
+            budget.admit(LEASE, "state")
+        finally:
+            self._asserting = False
+        await self.bus.publish(self.topics.lease, self.guard.mine, retain=True, timeout=10)
+
+    async def _publish_state(self, status: RunStatus | None = None) -> None:
+        """Publish the retained run state (``status``, or the last one again), with the
+        devices named throttled so far; one at a time, so the newest stays retained."""
+        async with self._state_lock:
+            if status is not None:
+                self._status = status
+            if self._status is None:
+                return
+            self._status = replace(self._status, throttled=self.screen.throttled())
+            payload = self._status.encode(self.config.run_id)
+            await self.bus.publish(self.topics.state, payload, retain=True)
 
     def _handle(self, message: Incoming) -> None:
+        """Decode and hand one message to the engine (``handle`` screens it first)."""
         if message.error is not None:  # chunks that could not be put together
             self._ask_resend(message)
             raise message.error
@@ -168,6 +281,8 @@ class Coordinator:
                 self.engine.on_status(read_status(message.payload, run_id=run, client=client))
         elif where.kind == "site" and client is not None:
             self.engine.on_site(client, read_site_notice(message.payload))
+        elif where.kind == "lease":
+            self._on_lease(message.payload)
         elif where.kind == "ack" and client is not None and t is not None:
             self.engine.on_ack(read_ack(message.payload, run_id=run, round=t, client=client))
         elif where.kind == "up" and client is not None and t is not None:
@@ -233,8 +348,8 @@ class Coordinator:
 
     async def _inbox(self) -> None:
         while True:
-            self.handle(await self.bus.incoming.get())
-            self.wake.set()
+            if self.handle(await self.bus.incoming.get()) | self._release_held():
+                self.wake.set()  # (a flood the screen drops never wakes the round loop)
 
     # --- actions -------------------------------------------------------------------------
     async def _perform(self, action: Announce | Close | Finish) -> None:
@@ -243,7 +358,7 @@ class Coordinator:
             t = action.start.round
             structlog.contextvars.bind_contextvars(round=t)
             self._size_reassembly()
-            await self.bus.publish(self.topics.state, action.status.encode(run), retain=True)
+            await self._publish_state(action.status)
             await self.bus.publish(self.topics.start(t), action.start.encode(run))
         elif isinstance(action, Close):
             await self._close(action)
@@ -251,8 +366,7 @@ class Coordinator:
             await self._synced_checkpoint()
             self.journal.write_summary(action.summary)
             last = self.engine.state.round
-            finished = RunStatus("finished", last, finished_at=time.time())
-            await self.bus.publish(self.topics.state, finished.encode(run), retain=True)
+            await self._publish_state(RunStatus("finished", last, finished_at=time.time()))
             self.log.info("run.summary", mean=action.summary["mean"])
 
     async def _close(self, action: Close) -> None:
@@ -265,9 +379,7 @@ class Coordinator:
             self.journal.save_checkpoint(action.checkpoint, sync=False)
             self._syncing = asyncio.create_task(asyncio.to_thread(self.journal.sync_checkpoint))
         await self._publish_downlinks(t, action.payloads)
-        await self.bus.publish(
-            self.topics.state, RunStatus("closed", t).encode(self.config.run_id), retain=True
-        )
+        await self._publish_state(RunStatus("closed", t))
         if action.checkpoint is not None:
             self.log.info(
                 "round.closed", round=t, seconds=round(time.monotonic() - began, 3), **action.log
@@ -317,9 +429,7 @@ class Coordinator:
             from_round=engine.round,
         )
         if engine.state.round == 0:
-            await self.bus.publish(
-                self.topics.state, RunStatus("waiting", 0).encode(self.config.run_id), retain=True
-            )
+            await self._publish_state(RunStatus("waiting", 0))
         summary: dict[str, Any] = {}
         while not engine.finished:
             self.wake.clear()
@@ -329,8 +439,10 @@ class Coordinator:
                     summary = action.summary
             if engine.finished:
                 break
-            wake_at = engine.wake_at()
-            timeout = None if wake_at is None else max(wake_at - time.monotonic(), 0.0)
+            self._release_held()
+            engine_at = engine.wake_at()
+            wake_at = min(math.inf if engine_at is None else engine_at, self.screen.next_release)
+            timeout = None if wake_at == math.inf else max(wake_at - time.monotonic(), 0.0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=timeout)
         await self._synced_checkpoint()
@@ -338,7 +450,8 @@ class Coordinator:
 
     async def _release(self) -> None:
         """Give the run's lease up (a clean disconnect sends no last will)."""
-        if self.bus.connected.is_set():
+        if self.bus.connected.is_set() and not self.guard.releasing:
+            self.guard.releasing = True
             released = Lease(False, self.lease.host, self.lease.pid, self.lease.since)
             try:
                 await self.bus.publish(self.topics.lease, released.encode(), retain=True, timeout=5)

@@ -221,18 +221,12 @@ class Fleet:
         file cannot be read is logged as failed; the others go on."""
         import torch
 
-        from mqttfl.data.sources import load_client_shard
+        from mqttfl.data.sources import run_client_shard
         from mqttfl.nodes.client import ClientRunner
 
         for client in self.ids:
             try:
-                shard = load_client_shard(
-                    self.config.data,
-                    client,
-                    seed=self.config.seed,
-                    num_classes=self.config.model.num_classes,
-                    num_clients=self.config.federation.num_clients,
-                )
+                shard = run_client_shard(self.config, client)
                 self.runners[client] = ClientRunner(
                     self.config,
                     client,

@@ -12,9 +12,19 @@ Written into ``--out``::
 
 The ACL mirrors :mod:`mqttfl.wire.topics`. A client may publish only its own uplink,
 metrics and status, and subscribe only to the run's start/state/broadcast topics and
-its own downlink; the coordinator has its own identity with the whole run, and ``watch``
-may read the whole run but publish nothing. Credentials
-reach mqttfl through the config file or the environment, never the command line.
+its own downlink; the coordinator has its own identity with the run's rounds, state,
+statuses and lease (the only identity that may write the lease), and reads the sites'
+notices, which only each site's bridge identity may write; ``watch`` may read the whole
+run but publish nothing. Credentials reach mqttfl through the config file or the
+environment, never the command line.
+
+What Mosquitto can bound per client is written into mosquitto.conf: the size of a
+message (``max_packet_size``), the QoS 1 messages a client may have in flight towards
+the broker (``max_inflight_messages``, sent to MQTT 5 clients as Receive Maximum), the
+messages queued for a slow or absent subscriber (``max_queued_messages``) and the
+keep-alive a client may ask for (``max_keepalive``: a vanished device's last will fires
+within 1.5 times it). Mosquitto has no per-client publish rate limit; the coordinator
+keeps one of its own (:mod:`mqttfl.engine.budget`).
 """
 
 from __future__ import annotations
@@ -45,6 +55,9 @@ from mqttfl.wire.control import COORDINATOR
 # As broker/mosquitto.conf: the coordinator's broadcast to 1000 clients is ~21 MB.
 DEFAULT_MAX_PACKET = 64 * 1024 * 1024
 TOOL_TIMEOUT_S = 60.0
+# The longest keep-alive a client may ask for (MQTT 5 clients are told to use this one):
+# the last will of a device that vanished fires within 1.5 times it.
+MAX_KEEPALIVE_S = 120
 WATCH = "watch"  # the read-only identity of `mqttfl watch`
 
 
@@ -104,7 +117,12 @@ def acl_text(clients: list[str], run_id: str | None) -> str:
     lines = [
         "# Written by `mqttfl broker init`. Anonymous clients get nothing (allow_anonymous false).",
         f"user {COORDINATOR}",
-        f"topic readwrite {base}/#",
+        f"topic readwrite {base}/state",
+        f"topic readwrite {base}/lease",
+        f"topic readwrite {base}/probe/#",
+        f"topic readwrite {base}/status/#",
+        f"topic readwrite {base}/round/#",
+        f"topic read {base}/site/#",  # written by each site's bridge identity only
         "topic read $SYS/#",
         "",
         f"user {WATCH}",
@@ -140,9 +158,13 @@ def conf_text(
         "# A larger publish disconnects its sender (uploads are far smaller; see mqttfl's",
         "# federation.max_upload_bytes, which the coordinator enforces per upload).",
         f"max_packet_size {max_packet_bytes}",
+        "# Per client: messages queued while it is slow or away (a byte bound would drop",
+        "# honest uploads first during a flood), QoS 1 messages in flight (MQTT 5's Receive",
+        "# Maximum: a client sending more is disconnected), the keep-alive it may ask for.",
         "max_queued_messages 100000",
         "max_queued_bytes 0",
         "max_inflight_messages 100",
+        f"max_keepalive {MAX_KEEPALIVE_S}",
         "queue_qos0_messages true",
         "persistence true",
         f"persistence_location {out / 'data'}/",

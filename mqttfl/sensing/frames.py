@@ -12,8 +12,12 @@ A message is either
 Both decode as ``mqttfl data prepare --format esp32`` / ``--format npz`` decode ESP data
 (:func:`mqttfl.data.capture_esp32.esp_iq_to_complex`), rotated into FFT order where the
 ESP reports the bins centred. A frame that is not one of these, has another subcarrier
-count than the model reads, or holds NaN raises :class:`FrameError`: the sensing loop
-drops it, counts it and goes on.
+count than the model reads, holds NaN, or holds a value beyond ``MAX_IQ`` (1e308 is
+finite in float64 but infinite in the model's float32) raises :class:`FrameError`: the
+sensing loop drops it, counts it and goes on.
+
+``t`` is only checked to be a finite number here; whether it is a plausible time is the
+sensing loop's call (:func:`mqttfl.sensing.gateway.frame_time`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from mqttfl.errors import DataError
 from mqttfl.sensing.spec import Preprocess
 
 MAX_FRAME_BYTES = 64 * 1024  # an ESP frame is a few hundred bytes
+# Radios give int8 (ESP32, Intel 5300) or int16 (nexmon) I/Q; far past that, a value can
+# only overflow the float32 features (amplitude, normalization) into inf or NaN.
+MAX_IQ = 1e9
 
 
 class FrameError(ValueError):
@@ -86,6 +93,14 @@ def decode_frame(payload: bytes, pre: Preprocess) -> tuple[np.ndarray, float | N
         raise FrameError(
             "nan",
             f"NaN or infinite value at I/Q position {int(bad[0])} (subcarrier {int(bad[0]) // 2})",
+        )
+    huge = np.flatnonzero(np.abs(values) > MAX_IQ)
+    if huge.size:
+        i = int(huge[0])
+        raise FrameError(
+            "range",
+            f"I/Q value {values[i]:.3g} at position {i} (subcarrier {i // 2}) is beyond "
+            f"{MAX_IQ:.0e}, no radio's",
         )
     if values.size == 0 or values.size % 2:
         raise FrameError("shape", f"{values.size} I/Q values, expected an even, non-zero count")

@@ -20,12 +20,16 @@ class Reading:
     count: float  # the class's number (people), or its index where classes are names
     confidence: float  # softmax of the scores at the chosen class
     end_time: float
+    finite: bool = True  # False: the model's scores were NaN or infinite (never published)
 
 
 def softmax(scores: np.ndarray) -> np.ndarray:
-    shifted = scores - scores.max(axis=-1, keepdims=True)
-    e: np.ndarray = np.exp(shifted.astype(np.float64))
-    out: np.ndarray = e / e.sum(axis=-1, keepdims=True)
+    """Row-wise softmax in float64; a row with a NaN or infinite score comes out NaN
+    (quietly: the caller checks)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        shifted = scores - scores.max(axis=-1, keepdims=True)
+        e: np.ndarray = np.exp(shifted.astype(np.float64))
+        out: np.ndarray = e / e.sum(axis=-1, keepdims=True)
     return out
 
 
@@ -86,6 +90,7 @@ class SensorModel:
         scores = self.scores(x)
         probabilities = softmax(scores)
         out = []
+        finite = np.isfinite(probabilities).all(axis=-1) & np.isfinite(scores).all(axis=-1)
         for row, end in zip(range(len(scores)), end_times, strict=True):
             k = int(scores[row].argmax())
             count = self.spec.counts[k]
@@ -96,6 +101,7 @@ class SensorModel:
                     count=float(k if count is None else count),
                     confidence=float(probabilities[row, k]),
                     end_time=end,
+                    finite=bool(finite[row]),
                 )
             )
         return out

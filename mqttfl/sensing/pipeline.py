@@ -82,6 +82,12 @@ class Windower:
         self.rows: list[np.ndarray] = []
         self.skip = 0  # rows still to drop when the stride exceeds the window
 
+    def reset(self) -> None:
+        """Start the next window afresh: packets were lost in between (a window is cut from
+        consecutive packets, as the training windows were)."""
+        self.rows.clear()
+        self.skip = 0
+
     def push(self, row: np.ndarray, time_s: float) -> Window | None:
         if self.skip:
             self.skip -= 1

@@ -7,6 +7,12 @@ Sources (``--input``):
 * ``mqtt:TOPIC``: a gateway's frames, one packet per message (:mod:`.frames`);
 * ``shard:PATH``: a shard's test split, windows ready for the model (``--eval`` scores
   them against their labels, in the batches the run evaluated with).
+
+A window whose scores come out NaN or infinite is skipped and counted, never published
+(strict JSON has no NaN). The availability topic says ``offline`` on every way out: the
+end of the input, ``--once``/``--readings``, an error, SIGTERM or SIGINT (a clean stop:
+exit 0 for SIGTERM, as a service manager expects, 130 for SIGINT), and the connection's
+last will when the process dies without a word.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import sys
 import time
 from collections import Counter
@@ -22,30 +29,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import aiomqtt
 import numpy as np
 
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.transport import Bus
-from mqttfl.data.capture import fft_order_index
-from mqttfl.errors import DataError, MqttflError
+from mqttfl.errors import BrokerError, DataError, MqttflError
 from mqttfl.logs import get_logger
-from mqttfl.sensing.frames import FrameError, decode_frame
+from mqttfl.sensing.gateway import REPORTED_DROPS, GatewayFrames
+from mqttfl.sensing.inlet import FrameInlet
 from mqttfl.sensing.model import Reading, SensorModel
-from mqttfl.sensing.pipeline import Window, Windower, capture_rows, frame_rows
+from mqttfl.sensing.pipeline import Window, Windower, capture_rows
 from mqttfl.sensing.publish import (
     OFFLINE,
     ONLINE,
     SensorTopics,
+    default_name,
     discovery_config,
     encode,
+    iso_time,
     package_version,
+    shown,
     state_message,
 )
 from mqttfl.sensing.replay import guess_format, read_capture_file, read_shard, replay_rate
 from mqttfl.sensing.spec import SensorSpec, load_spec
 from mqttfl.training.metrics import classification_report
 
-REPORTED_DROPS = 5  # per reason, a line for each of the first few, then every 100th
+GOODBYE_S = 5.0  # to publish `offline` on the way out
+MAX_TOPIC_BYTES = 65_535  # MQTT's limit on a topic
+STOP_CODES = {"SIGTERM": 0, "SIGINT": 130}  # the exit code after a clean stop
 
 
 @dataclass(frozen=True)
@@ -57,8 +70,16 @@ class Source:
     def parse(cls, text: str) -> Source:
         if text.startswith("mqtt:"):
             topic = text[5:]
-            if not topic or "#" in topic or "+" in topic:
-                raise MqttflError(f"--input {text!r}: name one topic after mqtt:, no wildcards")
+            if (
+                not topic
+                or any(c in topic for c in "#+\0")
+                or not topic.isprintable()
+                or len(topic.encode("utf-8", "replace")) > MAX_TOPIC_BYTES
+            ):
+                raise MqttflError(
+                    f"--input {shown(text)}: name one topic after mqtt: (printable, at most "
+                    f"{MAX_TOPIC_BYTES} bytes, no wildcards)"
+                )
             return cls("mqtt", topic)
         if text.startswith("shard:"):
             return cls("shard", text[6:])
@@ -90,7 +111,8 @@ class SenseOptions:
 class Tally:
     readings: int = 0
     frames: int = 0
-    dropped: Counter[str] = field(default_factory=Counter)
+    dropped: Counter[str] = field(default_factory=Counter)  # frames, by reason
+    skipped: int = 0  # windows whose scores were not finite
     started: float = field(default_factory=time.monotonic)
     first_reading_s: float | None = None
 
@@ -103,14 +125,18 @@ class Sensor:
         self.out, self.err = out, err
         self.tally = Tally()
         self.spec: SensorSpec = load_spec(options.directory)
+        try:
+            name = options.name or default_name(self.spec)
+            self.topics = SensorTopics(name, options.discovery_prefix)
+        except ValueError as exc:  # a name or prefix no topic can hold: one line
+            raise MqttflError(str(exc)) from None
         self.model = SensorModel(options.directory, self.spec, threads=options.threads)
-        from mqttfl.sensing.publish import check_name, default_name
-
-        self.topics = SensorTopics(
-            check_name(options.name or default_name(self.spec)), options.discovery_prefix
-        )
         self.live = out.isatty() and not options.json_lines and not options.once
         self.bus: Bus | None = None
+        self.gateway: GatewayFrames | None = None
+        self.inlet: FrameInlet | None = None
+        self.stopped_by: str | None = None  # the signal that stopped the sensor
+        self.reading = options.source.kind != "mqtt"  # False until subscribed to the topic
         self.log = get_logger(component="sense", sensor=self.topics.name)
         self._check_source()
 
@@ -144,11 +170,13 @@ class Sensor:
             raise MqttflError("--input mqtt:TOPIC needs a model that reads CSI windows")
 
     def _birth(self) -> list[tuple[str, bytes, bool]]:
+        """What every (re)connect publishes: the discovery config, and ``online`` once the
+        sensor reads its input (a gateway's topic: once subscribed to it)."""
         config = discovery_config(self.spec, self.topics, package_version())
-        return [
-            (self.topics.availability, ONLINE, True),
-            (self.topics.discovery, encode(config), True),
-        ]
+        birth = [(self.topics.discovery, encode(config), True)]
+        if self.reading:
+            birth.insert(0, (self.topics.availability, ONLINE, True))
+        return birth
 
     # --- sources ----------------------------------------------------------------------
     async def _capture_windows(self) -> AsyncIterator[Window]:
@@ -164,42 +192,11 @@ class Sensor:
             if window is not None:
                 yield window
 
-    async def _mqtt_windows(self) -> AsyncIterator[Window]:
-        assert self.bus is not None
-        windower = Windower(self.spec.preprocess)
-        topic = self.options.source.target
-        index: np.ndarray | None = None
-        while True:
-            message = await self.bus.incoming.get()
-            if message.topic != topic:
-                continue
-            self.tally.frames += 1
-            try:
-                if message.error is not None:
-                    raise FrameError("malformed", str(message.error))
-                csi, stamp = decode_frame(message.payload, self.spec.preprocess)
-                if index is None or len(index) != csi.shape[0]:
-                    index = fft_order_index(csi.shape[0]) if csi.shape[0] == 64 else None
-                row = frame_rows(csi[None], self.spec.preprocess, index)[0]
-            except (FrameError, DataError) as exc:
-                reason = exc.reason if isinstance(exc, FrameError) else "shape"
-                self._dropped(reason, str(exc))
-                continue
-            window = windower.push(row, stamp if stamp is not None else time.time())
-            if window is not None:
-                yield window
-
-    def _dropped(self, reason: str, detail: str) -> None:
-        self.tally.dropped[reason] += 1
-        n = self.tally.dropped[reason]
-        self.log.warning("frame.dropped", reason=reason, detail=detail, dropped=n)
-        if n <= REPORTED_DROPS or n % 100 == 0:
-            self._clear_live()
-            self.err.write(
-                f"mqttfl sense: dropped frame {self.tally.frames} on {self.options.source.target}: "
-                f"{detail} ({n} dropped for {reason})\n"
-            )
-            self.err.flush()
+    def _say(self, text: str) -> None:
+        """One line on stderr (under the live count, not over it)."""
+        self._clear_live()
+        self.err.write(f"mqttfl sense: {text}\n")
+        self.err.flush()
 
     async def _shard_windows(self) -> AsyncIterator[Window]:
         for x, y in zip(self.shard.x_test, self.shard.y_test, strict=True):
@@ -212,14 +209,17 @@ class Sensor:
         if kind == "capture":
             return self._capture_windows()
         if kind == "mqtt":
-            return self._mqtt_windows()
+            assert self.gateway is not None
+            return self.gateway.windows()
         return self._shard_windows()
 
     # --- output -----------------------------------------------------------------------
     async def _publish(self, reading: Reading) -> dict[str, Any]:
+        """Publish a reading (QoS 0: the next window's replaces it, and the loop never
+        waits on the broker's acknowledgement, which a flood queues behind its frames)."""
         state = state_message(reading)
         if self.bus is not None:
-            await self.bus.publish(self.topics.state, encode(state), qos=1, timeout=30.0)
+            await self.bus.publish(self.topics.state, encode(state), qos=0, timeout=30.0)
         self.tally.readings += 1
         if self.tally.first_reading_s is None:
             self.tally.first_reading_s = time.monotonic() - self.tally.started
@@ -253,6 +253,9 @@ class Sensor:
         try:
             async for window in windows:
                 reading = self.model.readings(window.x[None], [window.end_time])[0]
+                if not reading.finite:
+                    self._skipped(reading)
+                    continue
                 self._show(await self._publish(reading))
                 if self.options.once or (
                     self.options.max_readings is not None
@@ -262,6 +265,15 @@ class Sensor:
         finally:
             await windows.aclose()  # type: ignore[attr-defined]
         self._clear_live()
+
+    def _skipped(self, reading: Reading) -> None:
+        self.tally.skipped += 1
+        n = self.tally.skipped
+        if n <= REPORTED_DROPS or n % 100 == 0:
+            self._say(
+                f"skipped the window ending {iso_time(reading.end_time)}: the model's scores "
+                f"are not finite, nothing published ({n} skipped)"
+            )
 
     async def _evaluate(self) -> dict[str, Any]:
         """Score the shard's test windows in the run's batches; publish each reading."""
@@ -273,7 +285,9 @@ class Sensor:
             readings = self.model.readings(chunk, [time.time()] * len(chunk))
             for reading in readings:
                 predicted.append(reading.klass)
-                if self.bus is not None:
+                if not reading.finite:
+                    self._skipped(reading)
+                elif self.bus is not None:
                     await self._publish(reading)
                 else:
                     self.tally.readings += 1
@@ -295,40 +309,137 @@ class Sensor:
         )
         self.out.write("\n".join(lines) + "\n")
 
-    async def run(self) -> int:
+    async def _work(self) -> None:
         o = self.options
-        task: asyncio.Task[None] | None = None
-        if o.broker is not None:
-            subscriptions = [o.source.target] if o.source.kind == "mqtt" else []
-            self.bus = Bus(
-                o.broker,
-                identifier=f"mqttfl-sense-{self.topics.node_id}",
-                subscriptions=subscriptions,
-                will=(self.topics.availability, OFFLINE),
-                birth=self._birth,
-                credentials=o.credentials,
-                connect_timeout_s=o.connect_timeout_s,
-            )
-            task = asyncio.create_task(self.bus.run())
+        if self.bus is not None:
+            await self.bus.wait_connected(timeout=o.connect_timeout_s)
+        if o.source.kind == "mqtt":
+            await self._open_inlet()
+        self.log.info("sense.started", source=o.source.kind, target=o.source.target)
+        if o.evaluate:
+            self._write_evaluation(await self._evaluate())
+        else:
+            await self._sense()
+
+    async def _open_inlet(self) -> None:
+        """The gateway's frames, on a connection of their own (:mod:`.inlet` says why),
+        in the MQTT version the bus found the broker speaks; ``online`` once subscribed."""
+        o = self.options
+        assert o.broker is not None
+        assert self.bus is not None
+        self.inlet = FrameInlet(
+            o.broker,
+            o.credentials or Credentials(),
+            topic=o.source.target,
+            client_id=f"{self.topics.client_id}.frames",
+            mqtt5=self.bus.protocol is aiomqtt.ProtocolVersion.V5,
+        )
+        self.gateway = GatewayFrames(
+            self.spec.preprocess,
+            o.source.target,
+            source=self.inlet,
+            dropped=self.tally.dropped,
+            say=self._say,
+        )
+        self.inlet.start()
+        await self.inlet.wait_subscribed(timeout=o.connect_timeout_s)
+        self.reading = True
+        await self.bus.publish(
+            self.topics.availability, ONLINE, retain=True, timeout=o.connect_timeout_s
+        )
+
+    def _connect(self) -> Bus:
+        o = self.options
+        assert o.broker is not None
+        return Bus(
+            o.broker,
+            identifier=self.topics.client_id,
+            subscriptions=[],
+            will=(self.topics.availability, OFFLINE),
+            birth=self._birth,
+            credentials=o.credentials,
+            connect_timeout_s=o.connect_timeout_s,
+        )
+
+    async def run(self) -> int:
+        """Sense until the input ends, ``--once``/``--readings``, an error or a signal;
+        ``offline`` is published on each way out (then the summary, then the error)."""
+        if self.options.broker is None:  # --eval on a shard, printed only
+            await self._work()
+            self._summary()
+            return 0
+        self.bus = self._connect()
+        connection = asyncio.create_task(self.bus.run())
+        work = asyncio.create_task(self._work())
+        signals = self._catch_signals(work)
         try:
-            if self.bus is not None:
-                await self.bus.wait_connected(timeout=o.connect_timeout_s)
-            self.log.info("sense.started", source=o.source.kind, target=o.source.target)
-            if o.evaluate:
-                self._write_evaluation(await self._evaluate())
-            else:
-                await self._sense()
-            if self.bus is not None:
-                await self.bus.publish(self.topics.availability, OFFLINE, retain=True, timeout=5.0)
+            await asyncio.wait({connection, work}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            for signum in signals:
+                asyncio.get_running_loop().remove_signal_handler(signum)
+            if not work.done():
+                work.cancel()
+            await asyncio.wait({work})
+            await self._goodbye(connection)
+            if not work.cancelled():
+                work.exception()  # seen: raised below, unless this task is being cancelled
+        self._summary()
+        if self.stopped_by is not None:
+            return STOP_CODES[self.stopped_by]
+        error = None if connection.cancelled() else connection.exception()  # a refusal
+        if error is None and not work.cancelled():
+            error = work.exception()
+        if error is not None:
+            raise error
+        if work.cancelled():  # the connection ended without a word (Bus.run never does)
+            raise BrokerError(f"the connection to {self.options.broker} ended")
+        return 0
+
+    def _catch_signals(self, work: asyncio.Task[None]) -> list[int]:
+        """SIGTERM and SIGINT stop the work cleanly (the way out publishes `offline`)."""
+        loop = asyncio.get_running_loop()
+        caught: list[int] = []
+        for signum in (signal.SIGTERM, signal.SIGINT):
+
+            def stop(name: str = signum.name) -> None:
+                self.stopped_by = name
+                work.cancel()
+
+            try:
+                loop.add_signal_handler(signum, stop)
+            except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
+                continue
+            caught.append(signum)
+        return caught
+
+    async def _goodbye(self, connection: asyncio.Task[None]) -> None:
+        """``offline`` (retained) while still connected, then the connection closed. If it
+        cannot be sent, the broker has lost the connection and published the last will."""
+        assert self.bus is not None
+        if self.inlet is not None:
+            self.inlet.stop()
+        if self.bus.connected.is_set() and not connection.done():
+            with contextlib.suppress(MqttflError):
+                await self.bus.publish(
+                    self.topics.availability, OFFLINE, retain=True, timeout=GOODBYE_S
+                )
+        connection.cancel()
+        await asyncio.wait({connection})
+
+    def _summary(self) -> None:
         dropped = sum(self.tally.dropped.values())
+        restamped = self.gateway.restamped if self.gateway is not None else 0
+        if not (dropped or restamped or self.tally.skipped or self.stopped_by):
+            return
+        parts = [f"{self.tally.readings} readings"]
         if dropped:
             detail = ", ".join(f"{k} {v}" for k, v in sorted(self.tally.dropped.items()))
-            self.err.write(
-                f"mqttfl sense: {self.tally.readings} readings, {dropped} frames dropped ({detail})\n"
-            )
-        return 0
+            parts.append(f"{dropped} frames dropped ({detail})")
+        if restamped:
+            parts.append(f"{restamped} frames stamped with their received time")
+        if self.tally.skipped:
+            parts.append(f"{self.tally.skipped} windows skipped (scores not finite)")
+        stopped = f"stopped by {self.stopped_by}: " if self.stopped_by else ""
+        self._clear_live()
+        self.err.write(f"mqttfl sense: {stopped}{', '.join(parts)}\n")
+        self.err.flush()

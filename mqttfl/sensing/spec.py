@@ -23,6 +23,7 @@ from mqttfl.errors import DataError
 SPEC_FILE = "sensor.json"
 MODEL_FILE = "model.onnx"
 SPEC_FORMAT = "mqttfl-sensor/1"
+MAX_SPEC_BYTES = 16 * 1024 * 1024  # the normalization of 10,000s of features is < 1 MB
 #: ``input.kind``: time x feature windows cut from packets, or ready feature vectors
 INPUT_KINDS = ("csi-windows", "features")
 
@@ -50,7 +51,8 @@ class Preprocess:
         """``(x - mean) / std`` over the last axis, as the shard's Normalizer applied it."""
         if self.mean is None or self.std is None:
             return np.ascontiguousarray(windows, dtype=np.float32)
-        out: np.ndarray = ((windows - self.mean) / self.std).astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):  # inf: the scores will say
+            out: np.ndarray = ((windows - self.mean) / self.std).astype(np.float32)
         return out
 
 
@@ -200,6 +202,22 @@ def _parse_preprocess(table: dict[str, Any]) -> Preprocess:
     )
 
 
+def _scalars(value: Any, what: str) -> dict[str, Any]:
+    """``run`` and ``scores``: what the sensor shows of them (strings, numbers, null);
+    nested values are left out, a non-finite number too."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be an object")
+    kept: dict[str, Any] = {}
+    for key, item in value.items():
+        if isinstance(item, float) and not np.isfinite(item):
+            continue
+        if item is None or isinstance(item, str | int | float):
+            kept[str(key)] = item
+    return kept
+
+
 def parse_spec(data: Any) -> SensorSpec:
     """A :class:`SensorSpec` from the parsed JSON; ValueError naming the bad field."""
     if not isinstance(data, dict):
@@ -244,11 +262,11 @@ def parse_spec(data: Any) -> SensorSpec:
         classes=tuple(classes),
         counts=tuple(None if c is None else float(c) for c in counts),
         preprocess=preprocess,
-        run=dict(data.get("run") or {}),
-        scores=dict(data.get("scores") or {}),
+        run=_scalars(data.get("run"), "run"),
+        scores=_scalars(data.get("scores"), "scores"),
         eval_batch_size=batch,
         model_file=_need(data, "model_file", str, ""),
-        export=dict(data.get("export") or {}),
+        export=_scalars(data.get("export"), "export"),
     )
 
 
@@ -259,12 +277,19 @@ def load_spec(directory: Path) -> SensorSpec:
         raise DataError(directory, "not a directory (expected what `mqttfl export` wrote)")
     path = directory / SPEC_FILE
     try:
+        size = path.stat().st_size
+        if size > MAX_SPEC_BYTES:
+            raise DataError(path, f"{size} bytes, more than a sensor.json holds ({MAX_SPEC_BYTES})")
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DataError(path, "file not found (run `mqttfl export` first)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DataError(path, f"unreadable JSON: {exc}") from None
+    except RecursionError:
+        raise DataError(path, "unreadable JSON: nested too deeply") from None
     try:
         return parse_spec(data)
     except (ValueError, TypeError) as exc:
         raise DataError(path, str(exc)) from None
+    except RecursionError:  # a value nested too deeply to show in the message
+        raise DataError(path, "a value is nested too deeply") from None

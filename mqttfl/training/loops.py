@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mqttfl.training.lazy import lazy_import, no_grad
+from mqttfl.training.memory import eval_batch_size
 
 if TYPE_CHECKING:
     import torch
@@ -77,16 +78,21 @@ def train_epochs(
 
 
 @no_grad
-def embed_all(model: EmbeddingModel, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
-    """Embeddings r(h) of every sample, in eval mode (Eq. 4 averages these)."""
+def embed_all(model: EmbeddingModel, x: np.ndarray, batch_size: int | None = None) -> np.ndarray:
+    """Embeddings r(h) of every sample, in eval mode (Eq. 4 averages these), in batches
+    of ``batch_size`` (default: :func:`~mqttfl.training.memory.eval_batch_size`)."""
     model.eval()
+    batch_size = batch_size or eval_batch_size(model, x.shape[1:])
     parts = [model.embed(xb) for xb, _ in batches(x, np.zeros(len(x)), batch_size, None)]
     return torch.cat(parts).numpy() if parts else np.zeros((0, model.embed_dim), np.float32)
 
 
 @no_grad
-def predict_logits(model: nn.Module, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+def predict_logits(model: nn.Module, x: np.ndarray, batch_size: int | None = None) -> np.ndarray:
+    """Class scores of every sample, in eval mode, in batches of ``batch_size`` (default:
+    :func:`~mqttfl.training.memory.eval_batch_size`, which bounds the activations)."""
     model.eval()
+    batch_size = batch_size or eval_batch_size(model, x.shape[1:])
     parts = [model(xb)[0] for xb, _ in batches(x, np.zeros(len(x)), batch_size, None)]
     return torch.cat(parts).numpy()
 

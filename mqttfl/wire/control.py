@@ -299,7 +299,8 @@ def read_start(raw: bytes, *, run_id: str, round: int) -> RoundStart:
 @dataclass(frozen=True)
 class RunStatus:
     """The retained state of the run, for late joiners; while a round is open it carries
-    that round's start."""
+    that round's start. ``throttled``: the devices that went past their message budget
+    in this run (the coordinator's ``client.throttled``), for ``mqttfl watch``."""
 
     phase: RunPhase
     round: int
@@ -307,11 +308,13 @@ class RunStatus:
     # When a finished run finished (Unix time): only shown to a person who reuses the run
     # id, never used to compute anything (clocks of devices may be off).
     finished_at: float | None = None
+    throttled: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.phase not in _PHASES:
             raise WireError("range", f"unknown run phase {str(self.phase)[:20]!r}")
         round_number(self.round)
+        _client_ids("throttled", self.throttled)
         if self.finished_at is not None:
             _finite_number("finished_at", self.finished_at, low=0.0, high=MAX_UNIX_TIME)
         if (self.phase == "open") != (self.start is not None):
@@ -325,15 +328,20 @@ class RunStatus:
             body["start"] = self.start.to_body()
         if self.finished_at is not None:
             body["finished_at"] = self.finished_at
+        if self.throttled:
+            body["throttled"] = list(self.throttled)
         return encode(Message("state", run, self.round, COORDINATOR, body))
 
 
 def read_run_status(raw: bytes, *, run_id: str) -> RunStatus:
     message = read_envelope(raw, "state", run_id, sender=COORDINATOR, round=None)
     body = message.body
-    body_keys(body, {"phase"}, frozenset({"start", "finished_at"}))
+    body_keys(body, {"phase"}, frozenset({"start", "finished_at", "throttled"}))
     start = RoundStart.from_body(message.round, body["start"]) if "start" in body else None
-    return RunStatus(body["phase"], round_number(message.round), start, body.get("finished_at"))
+    throttled = _client_ids("throttled", body.get("throttled", []))
+    return RunStatus(
+        body["phase"], round_number(message.round), start, body.get("finished_at"), throttled
+    )
 
 
 # --- acknowledgement ------------------------------------------------------------------

@@ -5,6 +5,13 @@ gone, so the broker clears the lease the moment that coordinator's connection di
 crash, a power cut after the keep-alive). A second coordinator reads the lease before it
 connects under the run's coordinator client id, and stops if the lease is live: it never
 takes the first one's session. The text is JSON, so ``mosquitto_sub`` shows it as is.
+
+A live lease is only a claim. The live coordinator listens on its lease topic and
+answers anything there that is not its own lease by publishing its lease again, so a
+second coordinator can ask (:func:`probe`, never retained) whether the holder is there;
+a lease whose holder does not answer by the time its last will would have fired is
+stale (or forged) and is taken over. Under `broker init`'s ACL only the coordinator's
+identity may write the lease topic.
 """
 
 from __future__ import annotations
@@ -33,9 +40,22 @@ class Lease:
         body = {"live": self.live, "host": self.host, "pid": self.pid, "since": self.since}
         return json.dumps(body, sort_keys=True).encode()
 
+    def order(self) -> tuple[float, str, int]:
+        """Which of two coordinators came first (the same answer on either side)."""
+        return (self.since, self.host, self.pid)
+
     def describe(self) -> str:
         when = datetime.fromtimestamp(self.since, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         return f"pid {self.pid} on {self.host or 'an unknown host'}, since {when}"
+
+
+def probe(token: str) -> bytes:
+    """A question to the lease's holder (published not retained): is it there?"""
+    return json.dumps({"probe": token[:64]}).encode()
+
+
+def is_probe(raw: bytes) -> bool:
+    return raw.startswith(b'{"probe": ') and len(raw) <= 100
 
 
 def taken(host: str, pid: int) -> Lease:

@@ -31,7 +31,7 @@ _PER_CLIENT = ("down", "up", "metrics", "ack")
 
 @dataclass(frozen=True)
 class TopicInfo:
-    kind: str  # start | down | ack | up | metrics | status | state | site
+    kind: str  # start | down | ack | up | metrics | status | state | site | lease
     round: int | None
     client: str | None  # None for start/state; "all" for the broadcast downlink
 
@@ -129,6 +129,8 @@ class Topics:
         parts = topic[len(prefix) :].split("/")
         if parts == ["state"]:
             return TopicInfo("state", None, None)
+        if parts == ["lease"]:
+            return TopicInfo("lease", None, None)
         if len(parts) == 2 and parts[0] == "status":
             return TopicInfo("status", None, check_id(parts[1]))
         if len(parts) == 2 and parts[0] == "site":
