@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,25 +61,3 @@ def processes_mentioning(text: str) -> list[str]:
         if text in cmdline and state != "Z":
             found.append(cmdline)
     return found
-
-
-def read_events(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines of a log file (a line still being written is left out)."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError("condition not reached in time")

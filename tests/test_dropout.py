@@ -8,31 +8,16 @@ import operator
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from mqttfl.provisioning.local_broker import LocalBroker
+from tests.faults import read_events, wait_for
 from tests.helpers import FAST, spawn
 
 pytestmark = pytest.mark.slow
 CONFIG = "configs/fedapa-csi.toml"
-
-
-def _events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _wait_for(predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError("condition not reached in time")
 
 
 def test_sigkill_of_one_client_mid_run(broker: LocalBroker, tmp_path: Path) -> None:
@@ -68,9 +53,11 @@ def test_sigkill_of_one_client_mid_run(broker: LocalBroker, tmp_path: Path) -> N
         coordinator_log = logs / "coordinator.jsonl"
 
         def closed_rounds() -> list[int]:
-            return [e["round"] for e in _events(coordinator_log) if e["event"] == "round.closed"]
+            return [
+                e["round"] for e in read_events(coordinator_log) if e["event"] == "round.closed"
+            ]
 
-        _wait_for(lambda: 2 in closed_rounds(), 120)
+        wait_for(lambda: 2 in closed_rounds(), timeout=120, what="the run to get there")
         os.killpg(procs["2"].pid, signal.SIGKILL)
         killed_after = max(closed_rounds())
         # a hostile upload for a round that does not exist yet: rejected, run goes on
@@ -100,7 +87,7 @@ def test_sigkill_of_one_client_mid_run(broker: LocalBroker, tmp_path: Path) -> N
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
 
-    events = _events(coordinator_log)
+    events = read_events(coordinator_log)
     offline = [e for e in events if e["event"] == "client.offline" and e["client"] == "2"]
     assert offline
     assert offline[0]["reason"] == "connection lost"

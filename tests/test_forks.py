@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FAST, REPO, mqttfl, read_events, wait_for
+from tests.faults import read_events, wait_for
+from tests.helpers import FAST, REPO, mqttfl
 
 pytestmark = pytest.mark.slow
 CONFIG = "configs/fedapa-csi.toml"
@@ -45,7 +46,9 @@ def test_a_forked_client_killed_with_sigkill_fires_its_will_and_the_run_goes_on(
             events = read_events(logs / "coordinator.jsonl")
             return [e["round"] for e in events if e["event"] == "round.closed"]
 
-        wait_for(lambda: len(forked()) == 3 and 2 in closed(), 180)
+        wait_for(
+            lambda: len(forked()) == 3 and 2 in closed(), timeout=180, what="the run to get there"
+        )
         pids = forked()
         assert len(set(pids.values())) == 3
         for client, pid in pids.items():  # each a process of its own, named for pgrep -x

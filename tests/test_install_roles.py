@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.bench_install_roles import package_source
 from mqttfl.data.shard import load_shard
 from mqttfl.provisioning.local_broker import LocalBroker
 from tests.faults import CONFIG, RUN_ID, TINY, read_events, wait_for
@@ -62,13 +63,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The bin/ of a fresh venv holding `pip install mqttfl` (no extras); its 450 MB are
     removed after the module."""
     root = tmp_path_factory.mktemp("install-roles")
-    source = root / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, source / name)
-    shutil.copytree(
-        REPO / "mqttfl", source / "mqttfl", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
-    )
+    source = package_source(root)
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     started = time.monotonic()
