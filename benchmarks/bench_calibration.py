@@ -14,6 +14,14 @@ session resemble each other far more than another session) or not.
   three recording days of client ``room``, windows of 64 packets on the ESP32 grid
   (``data.device=esp32``) and on each room's own NIC.
 
+And the gain a session holds (issue 31; ``levels``): per client and label, the coefficient of
+variation of the sessions' mean amplitude (between sessions), against that of the windows'
+mean amplitude inside a session (:func:`benchmarks.bench_session_drift.session_levels`),
+on ESPectre and on the simulated rooms of ``bench_sessions`` (session split, seed 0). The
+simulator's session level (``SESSION_LEVEL_SIGMA`` in ``mqttfl/data/synthetic.py``, a
+lognormal σ per recording day) is set so the rooms' between-session figure matches
+ESPectre's.
+
 No recording of a seated crowd on several days is at hand, so the people-present rows
 have no real counterpart here; issue 24's ESP32 crowd set (3 sessions per room, kept
 outside the repository) is where the days-per-room figure (3) comes from.
@@ -101,8 +109,27 @@ def simulator(device: str, counts: tuple[int, ...]) -> dict[str, Any]:
     return out
 
 
+def session_gain() -> dict[str, Any]:
+    """The ``levels`` of the module docstring for ESPectre and the simulated rooms."""
+    from benchmarks.bench_session_drift import session_levels
+    from benchmarks.bench_sessions import SOURCES, load
+    from mqttfl.data import synthetic
+
+    out: dict[str, Any] = {"simulator_level_sigma": synthetic.SESSION_LEVEL_SIGMA}
+    for name in ("espectre", "rooms"):
+        try:
+            _, shards = load(SOURCES[name], 0, "session", [])
+        except FileNotFoundError as missing:
+            out[name] = {"absent": str(missing)}
+            continue
+        out[name] = session_levels(shards)
+        log(f"session gain {name}: {out[name]}")
+    return out
+
+
 def run(quick: bool) -> dict[str, Any]:
     result = {
+        "levels": session_gain(),
         "window": WINDOW,
         "real_espectre_quiet_room": real_espectre(),
         "simulator_empty_room_esp32": simulator("esp32", (0,)),
@@ -110,7 +137,7 @@ def run(quick: bool) -> dict[str, Any]:
         "simulator_3_to_5_people_esp32": simulator("esp32", (3, 4, 5)),
     }
     for key, rows in result.items():
-        if isinstance(rows, dict) and rows and "absent" not in rows:
+        if key != "levels" and isinstance(rows, dict) and rows and "absent" not in rows:
             ratios = [r["ratio"] for r in rows.values()]
             log(f"{key}: median ratio {np.median(ratios):.2f} ({min(ratios)}-{max(ratios)})")
     return result

@@ -8,17 +8,21 @@
   ESPectre recording (`--fast`) and a shard, against a torch process that rebuilds the
   client from its state file and predicts the same windows (what a device would run
   without export);
-- start-up: process start to the first reading printed (`--once --fast`).
+- start-up: process start to the first reading printed (`--once --fast`);
+- ``adapt`` (issue 31, :mod:`benchmarks.sense_adapt`): FedAPA-S adapting on the stream:
+  latency per buffer size, the adapting sensor's peak RSS, and the stream's curve on
+  ESPectre against the run's figure (the README's figure, docs/figures/).
 
 Each federation is tiny (1 round): the model's quality does not change these figures.
 
-    python -m benchmarks.bench_sense [--quick]     # BENCH_SENSE_PART=latency or processes: one half
+    python -m benchmarks.bench_sense [--quick]     # BENCH_SENSE_PART=latency, processes or adapt
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -82,6 +86,8 @@ def _peak_rss_mb(argv: list[str]) -> tuple[float, float, str]:
 
 def _federation(name: str, config: str, overrides: list[str], client: str) -> tuple[Path, Path]:
     run, export = WORK / f"sense-{name}", WORK / f"sense-{name}-export"
+    for old in (run, export):  # a run directory holds one run (its broker state too)
+        shutil.rmtree(old, ignore_errors=True)
     argv = [
         sys.executable,
         "-m",
@@ -264,6 +270,49 @@ def processes(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def adapt_processes(quick: bool) -> list[dict[str, Any]]:
+    """Peak RSS of `mqttfl sense` on adapting exports (one-round FedAPA-S federations):
+    the chip's longest ESPectre recording replayed, and the synthetic job's widest room
+    (242 subcarriers) from its shard, both with the default buffer."""
+    from mqttfl.data.espectre import ESPECTRE_CHIPS, espectre_recordings
+    from mqttfl.provisioning.local_broker import LocalBroker
+
+    root = espectre_root()
+    fedapa_s = ["method=fedapa-session", "data.split=session", "federation.num_clients=2"]
+    setups: dict[str, tuple[str, list[str], str, list[str]]] = {
+        "espectre-middle-adapting": (
+            "configs/presence-espectre.toml", [*fedapa_s, f"data.path={root.parent}"], "1", [],
+        ),
+        "synthetic-large-adapting": ("configs/fedapa-csi.toml", fedapa_s, "0", []),
+    }  # fmt: skip
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, LocalBroker(Path(tmp) / "broker") as broker:
+        for name, (config, overrides, client, extra) in setups.items():
+            _, export = _federation(name, config, overrides, client)
+            sense = [sys.executable, "-m", "mqttfl", "sense", str(export), "--broker", broker.url]
+            source = f"shard:{export / 'shard'}"
+            if name.startswith("espectre"):
+                files = [
+                    Path(r["path"]) for r in espectre_recordings(root)[ESPECTRE_CHIPS[int(client)]]
+                ]
+                source = str(max(files, key=lambda f: f.stat().st_size))  # the longest
+            rss, _, out = _peak_rss_mb([*sense, "--input", source, "--fast", "--json", *extra])
+            states = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+            rows.append(
+                {
+                    "export": name,
+                    "process": "mqttfl sense, adapting",
+                    "input": source,
+                    "options": extra,
+                    "peak_rss_mb": rss,
+                    "readings": len(states),
+                    "adapted_readings": sum(bool(s.get("adapted")) for s in states),
+                }
+            )
+            log(f"sense {name}: {rss:.0f} MB peak, {len(states)} readings")
+    return rows
+
+
 def run(quick: bool) -> dict[str, Any]:
     WORK.mkdir(parents=True, exist_ok=True)
     part = os.environ.get("BENCH_SENSE_PART", "all")  # latency, processes or all
@@ -275,6 +324,19 @@ def run(quick: bool) -> dict[str, Any]:
         out["latency"] = latency(quick)
     if part in ("all", "processes"):
         out["processes"] = processes(quick)
+    if part in ("all", "adapt"):
+        from benchmarks import sense_adapt
+
+        period = {
+            "espectre": 1000 * SHAPES["espectre"][0] / espectre_rate(),
+            "synthetic-vht80": 1000 * SHAPES["synthetic-vht80"][0] / SYNTHETIC_RATE_HZ,
+        }
+        out["adapt_latency"] = sense_adapt.latency(quick, period)
+        out["adapt_processes"] = adapt_processes(quick)
+        out["adapt_espectre"] = sense_adapt.espectre_stream(quick, espectre_root())
+        sense_adapt.figure(
+            out["adapt_espectre"], REPO / "docs" / "figures" / "sense-stream-espectre.png"
+        )
     return out
 
 

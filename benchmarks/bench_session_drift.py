@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from benchmarks.bench_sessions import SOURCES, SPLITS, federate, load
+from benchmarks.bench_sessions import DEFAULT_SOURCES, SOURCES, SPLITS, federate, load
 from benchmarks.common import REPO, RESULTS, bench_main, log
 
 if TYPE_CHECKING:
@@ -224,7 +224,8 @@ def run(quick: bool) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     results: dict[str, Any] = {"input": {}, "embedding": {}}
-    for name, source in SOURCES.items():
+    for name in DEFAULT_SOURCES:
+        source = SOURCES[name]
         extra = source.quick if quick else []
         results["input"][name] = {}
         for split in SPLITS:

@@ -65,6 +65,8 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "fedpam": ("fedpam", []),
     "fedapa": ("fedapa", []),
     "fedapa-session": ("fedapa-session", []),
+    # FedAPA-S adapting every session, without the shift gate (issue 24's FedAPA-S)
+    "fedapa-session-always": ("fedapa-session", ["method.gate=false"]),
     # ablations and variants (docs/sessions.md)
     "fedapa-no-lc": ("fedapa", ["method.use_client_prototypes=false"]),
     "fedapa-no-warmup": ("fedapa", ["method.warmup_rounds=1"]),
@@ -78,7 +80,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "fedproto+adabn": ("fedproto", []),
 }
 #: the first methods of :data:`METHODS`, run unless BENCH_SESSIONS_METHODS names others
-DEFAULT_METHODS = 8
+DEFAULT_METHODS = 9
 
 
 @dataclass
@@ -218,7 +220,18 @@ SOURCES: dict[str, Source] = {
         config_shards,
         ["rounds=2", "data.samples_per_client=60"],
     ),
+    # the default job itself (configs/fedapa-csi.toml as shipped: 15 rounds, LargeConvNet4,
+    # 400 windows of 64 packets per client); not in the default grid: the costliest
+    "default": Source(
+        "configs/fedapa-csi.toml",
+        [],
+        "the default job: 6 simulated rooms, as shipped",
+        config_shards,
+        ["rounds=2", "data.samples_per_client=60"],
+    ),
 }
+#: the sources run unless BENCH_SESSIONS_SOURCES names others
+DEFAULT_SOURCES = ("espectre", "intel5300", "intel5300-file", "rooms")
 
 
 def payload_bytes(kind: str, t: int, client: str, body: dict[str, Any]) -> int:
@@ -233,6 +246,8 @@ class FederationResult:
     up: float  # mean encoded upload bytes per client-round
     down: float  # mean encoded downlink bytes (broadcast + personal) per client-round
     sides: dict[str, ClientSide]
+    #: FedAPA-S's gate per client: adapted (0/1), fit ratio, shift score, threshold
+    gate: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def adabn_predict(side: ClientSide, x: np.ndarray) -> np.ndarray:
@@ -279,11 +294,19 @@ def federate(
             extra = payload_bytes("downlink", t, cid, personal) if personal else 0
             down.append(broadcast + extra)
             side.receive(t, downlinks.broadcast, personal)
-    accuracy = {
-        cid: float(np.mean(predict(side, shards[cid].x_test) == shards[cid].y_test))
-        for cid, side in sides.items()
-    }
-    return FederationResult(accuracy, float(np.mean(up)), float(np.mean(down)), sides)
+    accuracy: dict[str, float] = {}
+    gate: dict[str, dict[str, float]] = {}
+    for cid, side in sides.items():
+        accuracy[cid] = float(np.mean(predict(side, shards[cid].x_test) == shards[cid].y_test))
+        decision = getattr(side, "last_decision", None)
+        if decision is not None:
+            gate[cid] = {
+                "adapted": float(decision.adapted),
+                "ratio": float("nan") if decision.ratio is None else decision.ratio,
+                "shift": float("nan") if decision.shift is None else decision.shift,
+                "threshold": float("nan") if decision.threshold is None else decision.threshold,
+            }
+    return FederationResult(accuracy, float(np.mean(up)), float(np.mean(down)), sides, gate)
 
 
 def load(source: Source, seed: int, split: str, extra: list[str]) -> tuple[Any, list[Any]]:
@@ -294,24 +317,34 @@ def load(source: Source, seed: int, split: str, extra: list[str]) -> tuple[Any, 
     return config, source.loader(config, split)
 
 
-def score(source: Source, method: str, seed: int, split: str, extra: list[str]) -> dict[str, float]:
+def score(source: Source, method: str, seed: int, split: str, extra: list[str]) -> dict[str, Any]:
     """Mean client accuracy (%) over the source's federations, and bytes per client-round."""
     registered, overrides = METHODS[method]
     config, federations = load(source, seed, split, [*extra, *overrides])
     adabn = method.endswith("+adabn")
     results = [federate(config, shards, registered, adabn=adabn) for shards in federations]
     accuracy = [a for r in results for a in r.accuracy.values()]
-    return {
+    out: dict[str, Any] = {
         "accuracy": 100.0 * float(np.mean(accuracy)),
         "up": float(np.mean([r.up for r in results])),
         "down": float(np.mean([r.down for r in results])),
     }
+    gates = [g for r in results for g in r.gate.values()]
+    if gates:
+        out["gate"] = gates
+    return out
 
 
-def summarize(runs: dict[str, dict[str, float]]) -> dict[str, Any]:
+def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     values = [run["accuracy"] for run in runs.values()]
     first = next(iter(runs.values()))
+    gates = [g for run in runs.values() for g in run.get("gate", [])]
+    extra: dict[str, Any] = {}
+    if gates:
+        extra["adapted_fraction"] = float(np.mean([g["adapted"] for g in gates]))
+        extra["gate"] = {seed: run["gate"] for seed, run in runs.items()}
     return {
+        **extra,
         "mean": float(np.mean(values)),
         "std": float(np.std(values)),
         "seeds": values,
@@ -330,7 +363,7 @@ def run(quick: bool) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     seeds = [int(s) for s in _listed("BENCH_SESSIONS_SEEDS", ["0", "1", "2"])]
-    sources = _listed("BENCH_SESSIONS_SOURCES", list(SOURCES))
+    sources = _listed("BENCH_SESSIONS_SOURCES", list(DEFAULT_SOURCES))
     methods = _listed("BENCH_SESSIONS_METHODS", list(METHODS)[:DEFAULT_METHODS])
     previous = RESULTS / f"sessions{'-quick' if quick else ''}.json"
     results: dict[str, Any] = {}

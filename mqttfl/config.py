@@ -51,6 +51,17 @@ class FederationConfig(_Table):
     max_upload_bytes: int = Field(16_000_000, ge=1024)
     # After the last round, how long to wait for the clients' final metrics.
     final_metrics_timeout_s: float = Field(30.0, gt=0)
+    # "rounds": synchronous rounds (the default). "buffered": FedBuff (Nguyen et al.,
+    # AISTATS 2022): clients train on the newest version they hold, the coordinator
+    # aggregates every buffer_size uploads, staleness-weighted, and refuses uploads more
+    # than max_staleness versions old (mqttfl/engine/buffered.py). `rounds` counts versions.
+    mode: Literal["rounds", "buffered"] = "rounds"
+    buffer_size: int = Field(4, ge=1)
+    max_staleness: int = Field(4, ge=0, le=1000)
+    # s(τ) for an upload τ versions old: "fedbuff" 1/sqrt(1+τ) (Nguyen et al. 2022, Sec. 5),
+    # "polynomial" (1+τ)^-staleness_exponent (FedAsync, Xie et al. 2019, Sec. 5.2), "constant" 1.
+    staleness_weighting: Literal["fedbuff", "polynomial", "constant"] = "fedbuff"
+    staleness_exponent: float = Field(0.5, gt=0.0, le=10.0)
 
 
 class DataConfig(_Table):
@@ -142,6 +153,26 @@ class BrokerConfig(_Table):
     connect_timeout_s: float = Field(10.0, gt=0)
 
 
+class PrivacyConfig(_Table):
+    """Differential privacy on every upload (issue 32; off by default, the papers' setting).
+
+    Prototype methods clip each window's embedding to ``clip`` and noise the class sums
+    and counts; weight methods clip the client's update to ``clip`` and noise it
+    (DP-FedAvg). Either ``noise_multiplier`` is given, or ``epsilon`` and the noise is
+    solved so that the planned uploads spend it; with ``epsilon``, a client stops before
+    an upload that would exceed it. The mechanisms: mqttfl/privacy/mechanism.py.
+    """
+
+    enabled: bool = False
+    clip: float | None = Field(None, gt=0, le=1e4)
+    noise_multiplier: float | None = Field(None, gt=0, le=1e4)
+    epsilon: float | None = Field(None, gt=0, le=1e4)
+    delta: float = Field(1e-5, gt=0, lt=1)
+    # Counts are noised (σ_n = sqrt(2)·z windows); a class is uploaded only when its noisy
+    # count reaches count_threshold·σ_n, so the set of classes is protected as well.
+    count_threshold: float = Field(3.0, ge=0, le=100)
+
+
 class LoggingConfig(_Table):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -165,6 +196,20 @@ class RunConfig(BaseSettings):
     method_params: dict[str, Any] = Field(default_factory=dict, alias="method_params")
     broker: BrokerConfig = BrokerConfig()
     logging: LoggingConfig = LoggingConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
+
+    @model_validator(mode="after")
+    def _check_privacy(self) -> RunConfig:
+        p = self.privacy
+        if p.enabled and p.clip is None:
+            raise ConfigError("privacy.clip", "required when privacy.enabled is true")
+        if p.enabled and p.noise_multiplier is None and p.epsilon is None:
+            raise ConfigError(
+                "privacy.epsilon",
+                "set a target epsilon (the noise is solved for the planned rounds) "
+                "or privacy.noise_multiplier",
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_packet_limit(self) -> RunConfig:
@@ -185,6 +230,17 @@ class RunConfig(BaseSettings):
                 "federation.min_clients",
                 f"{self.federation.min_clients} exceeds federation.num_clients "
                 f"({self.federation.num_clients})",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_buffer(self) -> RunConfig:
+        fed = self.federation
+        if fed.mode == "buffered" and fed.buffer_size > fed.num_clients:
+            raise ConfigError(
+                "federation.buffer_size",
+                f"{fed.buffer_size} exceeds federation.num_clients ({fed.num_clients}): "
+                "the buffer would never fill",
             )
         return self
 

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from mqttfl.algorithms import algorithm_names
-from mqttfl.errors import MqttflError
 from mqttfl.export.client import export_onnx, onnx_scores
 from mqttfl.models import build_model
 from mqttfl.models.names import MODEL_NAMES
@@ -82,7 +81,13 @@ def test_every_architecture_exports_to_onnx_within_1e_4_of_torch(arch: str, tmp_
     assert float(np.max(np.abs(got - expected))) <= 1e-4
 
 
-def test_a_method_that_adapts_per_session_has_no_fixed_evaluation_model() -> None:
-    fed = Federation("fedapa-session", arch="middle").run()
-    with pytest.raises(MqttflError, match="no fixed model reproduces that"):
-        fed.clients[0].evaluation_model(fed.ctx.rounds)
+def test_fedapa_s_evaluation_model_is_what_predicts_a_session_it_does_not_adapt_to() -> None:
+    """Below min_adapt_windows FedAPA-S keeps the trained statistics and predicts with the
+    trained head: the exported fixed model (export adds what adapts)."""
+    fed = Federation("fedapa-session", arch="middle", min_adapt_windows=10_000).run()
+    for client in fed.clients:
+        x = client.shard.x_test
+        module = client.evaluation_model(fed.ctx.rounds).eval()
+        with torch.no_grad():
+            scores = module(torch.from_numpy(x)).numpy()
+        np.testing.assert_array_equal(scores.argmax(axis=1), client.predict(x))

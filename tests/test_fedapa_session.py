@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from mqttfl.algorithms.fedapa_session import refine_prototypes, renormalize
+from mqttfl.adaptation.refine import refine_prototypes
+from mqttfl.algorithms.fedapa_session import renormalize
 from mqttfl.training.loops import predict_logits
 from mqttfl.wire.control import read_downlink
 from tests.inprocess import NUM_CLASSES, Federation
@@ -46,7 +47,7 @@ def test_renormalize_takes_the_statistics_of_the_new_windows_and_keeps_the_weigh
         model.norm.weight.copy_(torch.tensor([2.0, 3.0]))
         model.norm.running_mean.fill_(10.0)  # type: ignore[union-attr]
     x = np.array([[1.0, 2.0], [3.0, 6.0]], np.float32)
-    adapted = renormalize(model, x)  # type: ignore[arg-type]
+    adapted = renormalize(model, x, batch_size=2)  # type: ignore[arg-type]
     # by hand: mean (2, 4); unbiased variance ((1-2)²+(3-2)²)/1 = 2, ((2-4)²+(6-4)²)/1 = 8
     mean, var, gamma = _stats(adapted)
     np.testing.assert_allclose(mean, [2.0, 4.0])
@@ -56,13 +57,13 @@ def test_renormalize_takes_the_statistics_of_the_new_windows_and_keeps_the_weigh
     np.testing.assert_allclose(_stats(model)[0], [10.0, 10.0])  # a copy
 
 
-def test_renormalize_averages_the_batch_statistics_with_equal_weight() -> None:
+def test_renormalize_takes_the_moments_of_all_windows_however_they_are_batched() -> None:
     x = np.array([[0.0, 0.0], [2.0, 2.0], [10.0, 10.0], [14.0, 14.0]], np.float32)
-    adapted = renormalize(_Norm(), x, batch_size=2)  # type: ignore[arg-type]
-    # batch means 1 and 12 -> 6.5; unbiased batch variances 2 and 8 -> 5
-    mean, var, _ = _stats(adapted)
-    np.testing.assert_allclose(mean, [6.5, 6.5])
-    np.testing.assert_allclose(var, [5.0, 5.0])
+    # by hand: mean 6.5; deviations -6.5, -4.5, 3.5, 7.5 -> squares 131, unbiased /3
+    for batch in (1, 2, 3, 4):
+        mean, var, _ = _stats(renormalize(_Norm(), x, batch_size=batch))  # type: ignore[arg-type]
+        np.testing.assert_allclose(mean, [6.5, 6.5])
+        np.testing.assert_allclose(var, [131 / 3, 131 / 3], rtol=1e-6)
 
 
 def test_one_k_means_step_moves_a_window_to_the_class_whose_prototype_came_closer() -> None:
@@ -118,8 +119,8 @@ def test_adapted_statistics_make_the_model_blind_to_a_session_gain() -> None:
     client = fed.clients[0]
     x = client.shard.x_test
     loud = (x * 4.0).astype(np.float32)
-    adapted = predict_logits(client.adapted_model(x), x)  # type: ignore[attr-defined]
-    adapted_loud = predict_logits(client.adapted_model(loud), loud)  # type: ignore[attr-defined]
+    adapted = predict_logits(renormalize(client.model, x), x)
+    adapted_loud = predict_logits(renormalize(client.model, loud), loud)
     np.testing.assert_allclose(adapted_loud, adapted, atol=1e-3)
     trained = predict_logits(client.model, x)
     assert not np.allclose(predict_logits(client.model, loud), trained, atol=1e-1)

@@ -23,9 +23,11 @@ RANK = {
     "files": 2,  # atomic writes, JSON lines read up to their last complete line
     "wire": 2,  # topics, ids, codec, schemas, control messages, chunk framing
     "models": 2,
+    "adaptation": 2,  # torch-free test-time adaptation: refinement, moments, shift gate
     "config": 3,
     "data": 4,
     "training": 4,
+    "privacy": 4,  # DP mechanisms on uploads and the accountant (dp-accounting)
     "algorithms": 5,
     "engine": 6,  # the pure round loop: no MQTT
     "bus": 6,  # MQTT transport

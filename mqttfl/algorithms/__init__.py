@@ -14,6 +14,7 @@ from mqttfl.algorithms.base import (
     Upload,
 )
 from mqttfl.errors import ConfigError
+from mqttfl.privacy.accountant import privacy_settings
 from mqttfl.wire.schemas import ClientInfo
 
 _REGISTRY: dict[str, Algorithm] = {}
@@ -44,6 +45,12 @@ def make_context(config: Any) -> Context:
     from mqttfl.config import validate_method_params
 
     algorithm = get_algorithm(config.method)
+    if config.privacy.enabled and not algorithm.client.supports_privacy:
+        raise ConfigError(
+            "privacy.enabled",
+            f"{config.method} has no differentially private upload; methods that have one: "
+            + ", ".join(n for n in algorithm_names() if _REGISTRY[n].client.supports_privacy),
+        )
     return Context(
         num_classes=config.model.num_classes,
         embed_dim=config.model.embed_dim,
@@ -52,6 +59,7 @@ def make_context(config: Any) -> Context:
         params=validate_method_params(
             algorithm.params, _own_params(algorithm, config.method_params)
         ),
+        privacy=privacy_settings(config),
     )
 
 

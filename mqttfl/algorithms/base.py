@@ -16,9 +16,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from mqttfl.errors import WireError
+from mqttfl.privacy.accountant import PrivacySettings
+from mqttfl.privacy.mechanism import noise_rng
 from mqttfl.training.lazy import lazy_import
 from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
-from mqttfl.wire.schemas import ClientInfo, PayloadSchema
+from mqttfl.wire.schemas import ClientInfo, FloatField, PayloadSchema
 
 if TYPE_CHECKING:
     import torch
@@ -45,6 +47,7 @@ class Context:
     rounds: int
     seed: int
     params: Any  # the method's validated parameter model
+    privacy: PrivacySettings | None = None  # [privacy] resolved; None: off
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ class ServerSide(ABC):
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
+        # Buffered mode (mqttfl/engine/buffered.py): each upload's staleness weight s(τ)
+        # during aggregate(), by client; empty (every weight 1) in synchronous rounds.
+        self.upload_weights: dict[str, float] = {}
 
     def round_params(self, t: int) -> dict[str, Any]:
         """Published in the round's start message (schedules live on the server)."""
@@ -96,6 +102,9 @@ class ClientSide(ABC):
 
     value_bound: float = WEIGHT_BOUND  # the largest magnitude an upload may carry
     max_grad_norm: float | None = None  # clip each local step's gradient to this norm
+    #: whether make_upload applies [privacy]'s mechanism (mqttfl/privacy/mechanism.py)
+    supports_privacy: bool = False
+    _noise: np.random.Generator | None = None
 
     def __init__(
         self,
@@ -130,6 +139,18 @@ class ClientSide(ABC):
             rng=rng,
             max_grad_norm=self.max_grad_norm,
         )
+
+    def noise(self) -> np.random.Generator:
+        """The generator of this client's DP noise (OS entropy, never the run's seed)."""
+        if self._noise is None:
+            self._noise = noise_rng()
+        return self._noise
+
+    def declared(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` with the run's privacy settings declared, when [privacy] is on."""
+        if self.ctx.privacy is None:
+            return body
+        return {**body, **self.ctx.privacy.declaration()}
 
     @classmethod
     @abstractmethod
@@ -190,6 +211,11 @@ class Algorithm:
 
     def upload_schema(self, ctx: Context, info: ClientInfo) -> PayloadSchema:
         schema = self.client.upload_schema(ctx, info)
+        if ctx.privacy is not None:  # an upload declares the run's settings, exactly
+            declared = {
+                key: FloatField(value, value) for key, value in ctx.privacy.declaration().items()
+            }
+            schema = replace(schema, fields={**schema.fields, **declared})
         return replace(schema, value_bound=self.client.value_bound)
 
 

@@ -54,6 +54,7 @@ from mqttfl.algorithms.weights import (
 )
 from mqttfl.errors import ConfigError
 from mqttfl.models.sizes import alp_widths
+from mqttfl.privacy.mechanism import private_update
 from mqttfl.training.lazy import lazy_import
 from mqttfl.training.loops import train_epochs
 from mqttfl.wire.schemas import ArrayField, ClientInfo, IntField, PayloadSchema
@@ -171,6 +172,8 @@ class FedAliClient(FedAvgClient):
                 epsilon=p.sinkhorn_epsilon,
                 iterations=p.sinkhorn_iterations,
             )
+        # the seeded initial local prototypes: DP-FedAvg's start before any round has run
+        self.local_start = [layer.local.numpy().copy() for layer in self.layers]
 
     @classmethod
     def upload_schema(cls, ctx: Context, info: ClientInfo) -> PayloadSchema:
@@ -187,13 +190,29 @@ class FedAliClient(FedAvgClient):
         return PayloadSchema(fields)
 
     def make_upload(self, t: int) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "weights": flatten_weights(self.model),
-            "num_samples": len(self.shard.y_train),
-        }
-        for index, layer in enumerate(self.layers):
-            body[local_key(index)] = layer.local.numpy().copy()
-        return body
+        """Weights, sample count and each ALP layer's local prototypes. With [privacy]
+        on, DP-FedAvg over everything trained on the device: the weights and the local
+        prototypes form one update since the round's start, clipped to C as a whole and
+        noised (mqttfl/privacy/mechanism.py); the sample count is the constant 1."""
+        locals_ = [layer.local.numpy().copy() for layer in self.layers]
+        weights, samples = flatten_weights(self.model), len(self.shard.y_train)
+        privacy = self.ctx.privacy
+        if privacy is not None and self.start is not None:
+            sizes = np.cumsum([weights.size] + [p.size for p in locals_])[:-1]
+            noisy = private_update(
+                np.concatenate([weights, *(p.ravel() for p in locals_)]),
+                np.concatenate([self.start, *(p.ravel() for p in self.local_start)]),
+                clip=privacy.clip,
+                noise_multiplier=privacy.noise_multiplier,
+                rng=self.noise(),
+            )
+            parts = np.split(noisy, sizes)
+            weights, samples = parts[0], 1
+            locals_ = [part.reshape(p.shape) for part, p in zip(parts[1:], locals_, strict=True)]
+        body: dict[str, Any] = {"weights": weights, "num_samples": samples}
+        for index, local in enumerate(locals_):
+            body[local_key(index)] = local
+        return self.declared(body)
 
     def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
         super().check_downlink(broadcast, personal)
@@ -231,6 +250,9 @@ class FedAliClient(FedAvgClient):
         if self.next_weights is not None:
             load_weights(self.model, self.next_weights)
             self.next_weights = None
+        if self.ctx.privacy is not None:  # DP-FedAvg's θ_start: what this round starts from
+            self.start = flatten_weights(self.model)
+            self.local_start = [layer.local.numpy().copy() for layer in self.layers]
         p: FedAliParams = self.ctx.params
         recipe = p.local_optimizer == "train"
         return train_epochs(

@@ -63,6 +63,7 @@ from mqttfl.algorithms.peer_sampling import (
 )
 from mqttfl.errors import WireError
 from mqttfl.logs import get_logger
+from mqttfl.privacy.mechanism import private_class_prototypes
 from mqttfl.training.lazy import lazy_import
 from mqttfl.training.loops import class_prototypes, embed_all
 from mqttfl.wire.schemas import ArrayField, ClientInfo, PayloadSchema
@@ -142,7 +143,9 @@ def similarity_weights(prototypes: np.ndarray, mask: np.ndarray, tau: float) -> 
     return _softmax_masked(similarity / tau, eligible, axis=2)  # Eq. 6
 
 
-def personalized_prototypes(prototypes: np.ndarray, mask: np.ndarray, tau: float) -> np.ndarray:
+def personalized_prototypes(
+    prototypes: np.ndarray, mask: np.ndarray, tau: float, weights: np.ndarray | None = None
+) -> np.ndarray:
     """Eqs. 5-7 for every client and class: q_i^c = Σ_j α_ij^c p_j^c, as (N, C, d).
 
     The same α as :func:`similarity_weights`, without materializing it: with u the unit
@@ -151,9 +154,13 @@ def personalized_prototypes(prototypes: np.ndarray, mask: np.ndarray, tau: float
     peers j outside J_c(i) are masked by zeroing their rows of the right-hand side, and the
     normalizer Σ_j e_ij is one more column of the same product. Two batched matmuls of
     (C, N, N) and no elementwise pass over α; rows of clients lacking c are left to Eq. 8.
+    ``weights`` (N,), buffered mode's staleness weights s(τ_j): α_ij ∝ s(τ_j)·e_ij (scaling
+    peer j's rows scales its numerator and normalizer terms alike).
     """
     per_class = np.ascontiguousarray(prototypes.transpose(1, 0, 2), dtype=np.float32)  # (C, N, d)
     held = np.ascontiguousarray(mask.T, dtype=np.float32)[:, :, None]  # (C, N, 1)
+    if weights is not None:
+        held = held * np.asarray(weights, np.float32)[None, :, None]
     norms = np.linalg.norm(per_class, axis=2, keepdims=True)
     scaled = per_class / np.maximum(norms, 1e-12)
     scaled *= np.float32(1.0 / math.sqrt(tau))
@@ -166,21 +173,32 @@ def personalized_prototypes(prototypes: np.ndarray, mask: np.ndarray, tau: float
 
 
 def aggregate_prototypes(
-    prototypes: np.ndarray, mask: np.ndarray, *, tau: float, similarity: bool = True
+    prototypes: np.ndarray,
+    mask: np.ndarray,
+    *,
+    tau: float,
+    similarity: bool = True,
+    weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Algorithm 1, lines 5-11, vectorized over clients and classes.
 
     Returns (Q (N, C, d), padded P (N, C, d), available (C,)). For a class c that client
     i lacks, Eq. 8 sets p_i^c = q_i^c = the mean of p_j^c over the clients j that have c
     (the equation's uniform 1/|J_c| mean). A class nobody has stays zero and unavailable.
+    With ``weights`` (N,) (buffered mode's s(τ_j)) both Eq. 7's α and Eq. 8's mean weigh
+    each set by its weight (:mod:`mqttfl.engine.buffered`).
     """
     prototypes = prototypes.astype(np.float32, copy=False)
     counts = mask.sum(axis=0)  # (C,)
     available = counts > 0
-    class_mean = np.einsum("nc,ncd->cd", mask.astype(np.float32), prototypes)
-    class_mean /= np.maximum(counts, 1)[:, None]
+    held = mask.astype(np.float32)
+    if weights is not None:  # Eq. 8's mean weighted by s(τ_j): Σ_j s_j p_j / Σ_j s_j
+        held *= np.asarray(weights, np.float32)[:, None]
+        counts = np.where(available, held.sum(axis=0), 1.0)
+    class_mean = np.einsum("nc,ncd->cd", held, prototypes)
+    class_mean /= np.maximum(counts, 1)[:, None] if weights is None else counts[:, None]
     if similarity:
-        q = personalized_prototypes(prototypes, mask, tau)
+        q = personalized_prototypes(prototypes, mask, tau, weights)
     else:
         q = np.broadcast_to(class_mean, prototypes.shape)
     missing = ~mask[:, :, None]
@@ -238,6 +256,25 @@ def sample_weights(n: int, sample: np.ndarray, row: int) -> np.ndarray:
     return weights
 
 
+def class_statistics(
+    client: ClientSide, embeddings: np.ndarray, y: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``client``'s class prototypes of ``embeddings``: exact (FedAPA Eq. 4), or with its
+    run's [privacy] on, :func:`~mqttfl.privacy.mechanism.private_class_prototypes`."""
+    privacy = client.ctx.privacy
+    if privacy is None:
+        return class_prototypes(embeddings, y)
+    return private_class_prototypes(
+        embeddings,
+        y,
+        num_classes=client.ctx.num_classes,
+        clip=privacy.clip,
+        noise_multiplier=privacy.noise_multiplier,
+        rng=client.noise(),
+        count_threshold=privacy.count_threshold,
+    )
+
+
 def prototype_schema(ctx: Context, *, counts: bool = False) -> PayloadSchema:
     """Per-class prototypes, nothing else; per-class sample counts too with ``counts``
     (for a server that weights by them, e.g. FedProto's ``proto_weighting="samples"``)."""
@@ -284,8 +321,13 @@ class FedAPAServer(ServerSide):
     def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks:
         p: FedAPAParams = self.ctx.params
         protos, mask = stack_uploads(uploads, self.ctx.num_classes, self.ctx.embed_dim)
+        stale = [self.upload_weights.get(u.client_id, 1.0) for u in uploads]
         q, padded, available = aggregate_prototypes(
-            protos, mask, tau=p.tau, similarity=p.aggregation == "similarity"
+            protos,
+            mask,
+            tau=p.tau,
+            similarity=p.aggregation == "similarity",
+            weights=np.asarray(stale) if self.upload_weights else None,
         )
         broadcast: dict[str, Any] = {"available": available.astype(np.uint8)}
         personal: dict[str, dict[str, Any]] = {u.client_id: {} for u in uploads}
@@ -321,6 +363,8 @@ class FedAPAServer(ServerSide):
 
 
 class FedAPAClient(ClientSide):
+    supports_privacy = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.q: Tensor | None = None  # (C, d) personalized Q_i
@@ -350,10 +394,11 @@ class FedAPAClient(ClientSide):
 
     def make_upload(self, t: int) -> dict[str, Any]:
         """Eq. 4 over the local training set with the freshly trained encoder; the
-        per-class counts stay on the device."""
+        per-class counts stay on the device. With [privacy] on, the clipped and noised
+        class means of :func:`class_statistics` (mqttfl/privacy/mechanism.py)."""
         embeddings = embed_all(self.model, self.shard.x_train)
-        classes, protos, _ = class_prototypes(embeddings, self.shard.y_train)
-        return {"classes": classes, "prototypes": protos}
+        classes, protos, _ = class_statistics(self, embeddings, self.shard.y_train)
+        return self.declared({"classes": classes, "prototypes": protos})
 
     def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
         c, d = self.ctx.num_classes, self.ctx.embed_dim

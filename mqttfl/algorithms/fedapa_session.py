@@ -17,15 +17,25 @@ Local on ESPectre. Two parts of it were diagnosed as the loss (docs/sessions.md)
 At test time (:meth:`FedAPASessionClient.predict`), on the windows ``x`` of the session
 being classified, which a deployed sensor has all day without labels:
 
-- :func:`renormalize`: the BatchNorm statistics are recomputed on ``x`` (the cumulative
-  mean of the batches' statistics, AdaBN), on a copy of the trained model;
-- :func:`refine_prototypes`: the adapted embeddings are clustered by cosine k-means
-  started at the client's Q_i (the federation's personalized class prototypes, so the
-  clusters keep their class names): each step assigns every window to its most similar
-  prototype and moves each prototype to the normalized mean of its windows (a class with
-  no window keeps its prototype). The prediction is the final assignment
-  (``refine_steps = 0``: the nearest Q_i, no refinement; ``inference = "head"``: the
-  adapted classifier head instead).
+- :func:`renormalize`: the BatchNorm statistics are recomputed on ``x`` (AdaBN: each
+  layer's exact input moments over ``x``, :mod:`mqttfl.training.normstats`), on a copy of
+  the trained model;
+- :func:`~mqttfl.adaptation.refine.refine_prototypes`: the adapted embeddings are
+  clustered by cosine k-means started at the client's Q_i (the federation's personalized
+  class prototypes, so the clusters keep their class names): each step assigns every
+  window to its most similar prototype and moves each prototype to the normalized mean of
+  its windows (a class with no window keeps its prototype). The prediction is the final
+  assignment (``refine_steps = 0``: the nearest Q_i, no refinement; ``inference =
+  "head"``: the adapted classifier head instead).
+
+**Only where adapting fits** (issue 31, :mod:`mqttfl.adaptation.shift`): the windows'
+mean cosine to their nearest Q_i under the re-estimated statistics, over the same under
+the trained ones (the fit ratio), against the lowest such ratio among the client's
+training sessions, each adapted to as if it were a new day (leave-one-session-out).
+Below it the trained model predicts as it is (its head with the trained statistics);
+at or above it, the adaptation above runs. ``gate = false`` adapts every session (issue
+24's FedAPA-S). The gate's figures go out with the client's metrics (``adapted``,
+``shift_score``, ``fit_ratio``, ``fit_threshold``).
 
 Nothing of the test session crosses the wire and no label of it is read. With fewer than
 ``min_adapt_windows`` windows the statistics stay as trained (too few to estimate them).
@@ -33,17 +43,26 @@ Nothing of the test session crosses the wire and no label of it is read. With fe
 
 from __future__ import annotations
 
-import copy
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import Field
 
+from mqttfl.adaptation.refine import refine_prototypes
+from mqttfl.adaptation.shift import ShiftGate, calibrate, fit_ratio, prototype_fit
 from mqttfl.algorithms.base import Algorithm
 from mqttfl.algorithms.fedapa import FedAPAClient, FedAPAParams, FedAPAServer
-from mqttfl.errors import MqttflError
-from mqttfl.training.lazy import lazy_import, no_grad
-from mqttfl.training.loops import batches, embed_all, predict_logits
+from mqttfl.data.shard import Shard
+from mqttfl.training.lazy import lazy_import
+from mqttfl.training.loops import embed_all, predict_logits
+from mqttfl.training.memory import eval_batch_size
+from mqttfl.training.normstats import (
+    adapted_statistics,
+    layer_input_sums,
+    norm_layers,
+    with_statistics,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -68,68 +87,88 @@ class FedAPASessionParams(FedAPAParams):
     inference: Literal["prototypes", "head"] = "prototypes"
     refine_steps: int = Field(5, ge=0)
     min_adapt_windows: int = Field(8, ge=2)
+    #: adapt only where the shift gate finds the session shifted (False: always adapt)
+    gate: bool = True
 
 
-@no_grad
-def renormalize(model: EmbeddingModel, x: np.ndarray, batch_size: int = 256) -> EmbeddingModel:
-    """A copy of ``model`` whose BatchNorm running statistics are those of ``x``: each
-    layer's running mean and (unbiased) variance become the cumulative average over the
-    batches of ``x`` of the batch statistics of that layer's input (AdaBN); every weight,
-    and the affine γ, β, is kept."""
-    adapted = copy.deepcopy(model)
-    norms = [m for m in adapted.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    for layer in norms:
-        layer.reset_running_stats()
-        layer.momentum = None  # cumulative moving average: equal weight per batch
-    adapted.train()
-    for xb, _ in batches(x, np.zeros(len(x)), batch_size, None):
-        adapted.embed(xb)
-    adapted.eval()
-    return adapted
+def renormalize(
+    model: EmbeddingModel, x: np.ndarray, batch_size: int | None = None
+) -> EmbeddingModel:
+    """A copy of ``model`` normalizing with the adapted statistics of ``x``
+    (:func:`~mqttfl.training.normstats.adapted_statistics`, AdaBN); every weight, and the
+    affine γ, β, is kept."""
+    batch = batch_size or eval_batch_size(model, x.shape[1:])
+    return with_statistics(model, adapted_statistics(model, x, batch))
 
 
-def refine_prototypes(
-    z: np.ndarray, anchors: np.ndarray, available: np.ndarray, steps: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Cosine k-means started at ``anchors`` (C, d) over the classes in ``available``.
+def session_fits(
+    model: EmbeddingModel, x: np.ndarray, q: np.ndarray, available: np.ndarray
+) -> tuple[float, float]:
+    """(fit to Q_i under the trained statistics, fit under those re-estimated on ``x``)."""
+    trained = prototype_fit(embed_all(model, x), q, available)
+    return trained, prototype_fit(embed_all(renormalize(model, x), x), q, available)
 
-    ``steps`` times: a_n = argmax_c cos(z_n, p_c); p_c = normalize(Σ_{a_n=c} ẑ_n) for
-    every class with a window (the others keep p_c). Returns the final assignment (n,)
-    and the prototypes (C, d), unit length."""
-    unit = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
-    protos = anchors / np.maximum(np.linalg.norm(anchors, axis=1, keepdims=True), 1e-12)
 
-    def assign(p: np.ndarray) -> np.ndarray:
-        scores = unit @ p.T
-        scores[:, ~available] = -np.inf
-        return np.asarray(scores.argmax(axis=1))
+def shift_gate(
+    model: EmbeddingModel, shard: Shard, q: np.ndarray, available: np.ndarray
+) -> ShiftGate | None:
+    """The client's gate, calibrated on its training sessions
+    (:func:`~mqttfl.adaptation.shift.calibrate`); None for a model without BatchNorm."""
+    if not norm_layers(model):
+        return None
+    batch = eval_batch_size(model, shard.x_train.shape[1:])
+    moments = layer_input_sums(model, shard.x_train, batch, 0).moments()
+    return calibrate(
+        lambda x: session_fits(model, x, q, available), moments, shard.x_train, shard.s_train
+    )
 
-    labels = assign(protos)
-    for _ in range(steps):
-        for c in np.flatnonzero(available):
-            members = unit[labels == c]
-            if len(members):
-                mean = members.sum(axis=0)
-                protos[c] = mean / max(float(np.linalg.norm(mean)), 1e-12)
-        labels = assign(protos)
-    return labels, protos
+
+@dataclass(frozen=True)
+class GateDecision:
+    adapted: bool
+    shift: float | None  # None: no gate (a model without BatchNorm, ``gate = false``, no Q_i)
+    ratio: float | None  # the fit ratio r to Q_i
+    threshold: float | None
 
 
 class FedAPASessionClient(FedAPAClient):
     """FedAPA's client (L_ce + λ_t L_g, with L_c only if asked) that classifies a session
     after adapting to it (module docstring)."""
 
-    def adapted_model(self, x: np.ndarray) -> EmbeddingModel:
+    last_decision: GateDecision | None = None
+
+    def shift_gate(self) -> ShiftGate | None:
+        """The gate calibrated on this client's training sessions (module docstring); None
+        before any Q_i has arrived or for a model without BatchNorm."""
+        if self.q is None or self.available is None:
+            return None
+        available = self.available.numpy().astype(bool)
+        return shift_gate(self.model, self.shard, self.q.numpy(), available)
+
+    def decide(self, x: np.ndarray) -> GateDecision:
+        """Whether the windows ``x`` are adapted to, with the gate's figures."""
         p: FedAPASessionParams = self.ctx.params
-        if p.adapt_norm and len(x) >= p.min_adapt_windows:
-            return renormalize(self.model, x)
-        return self.model
+        if not p.adapt_norm or len(x) < p.min_adapt_windows:
+            return GateDecision(False, None, None, None)
+        gate = self.shift_gate() if p.gate else None
+        if gate is None or self.q is None or self.available is None:
+            return GateDecision(True, None, None, None)
+        batch = eval_batch_size(self.model, x.shape[1:])
+        shift = gate.shift(*layer_input_sums(self.model, x, batch, 0).moments())
+        available = self.available.numpy().astype(bool)
+        trained, adapted = session_fits(self.model, x, self.q.numpy(), available)
+        ratio = fit_ratio(adapted, trained)
+        return GateDecision(gate.adapts(ratio), shift, ratio, gate.threshold)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """The session's labels from its own unlabeled windows ``x`` (module docstring);
         before any Q_i has arrived, the adapted classifier head."""
         p: FedAPASessionParams = self.ctx.params
-        model = self.adapted_model(x)
+        decision = self.decide(x)
+        self.last_decision = decision
+        if not decision.adapted:
+            return np.asarray(predict_logits(self.model, x).argmax(axis=1))
+        model = renormalize(self.model, x)
         head: np.ndarray = predict_logits(model, x).argmax(axis=1)
         if p.inference == "head" or self.q is None or self.available is None:
             return head
@@ -142,18 +181,24 @@ class FedAPASessionClient(FedAPAClient):
         return labels
 
     def evaluation_model(self, t: int) -> torch.nn.Module:
-        """None that is fixed: :meth:`predict` adapts to each session's own windows (its
-        BatchNorm statistics, k-means from Q_i), which one exported module cannot carry."""
-        raise MqttflError(
-            "method fedapa-session adapts to each session's unlabeled windows when it "
-            "predicts (BatchNorm statistics, k-means from Q_i); no fixed model reproduces "
-            "that, so mqttfl export does not take it"
-        )
+        """The trained model as it predicts an unshifted session (its head with the
+        trained statistics); ``mqttfl export`` adds what adapts (the gate, Q_i, the
+        refinement settings)."""
+        return super().evaluation_model(t)
 
     def extra_metrics(self, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
         """The trained head without adaptation, beside the adapted prediction."""
         head = predict_logits(self.model, x).argmax(axis=1)
-        return {"head_accuracy": float(np.mean(head == y)) if len(y) else 0.0}
+        metrics = {"head_accuracy": float(np.mean(head == y)) if len(y) else 0.0}
+        decision = self.last_decision
+        if decision is not None:
+            metrics["adapted"] = float(decision.adapted)
+            if decision.shift is not None:
+                metrics["shift_score"] = decision.shift
+            if decision.ratio is not None and decision.threshold is not None:
+                metrics["fit_ratio"] = decision.ratio
+                metrics["fit_threshold"] = decision.threshold
+        return metrics
 
 
 ALGORITHMS = (

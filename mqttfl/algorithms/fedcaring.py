@@ -11,6 +11,7 @@ gets weight ``caring_high`` = 1, the others ``caring_low`` = 0.3, and the server
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import numpy as np
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mqttfl.algorithms.base import Algorithm, Context, Downlinks, ServerSide, Upload
 from mqttfl.algorithms.fedavg import FedAvgClient
-from mqttfl.algorithms.weights import average_by_group, flatten_weights, group_key, weights_length
+from mqttfl.algorithms.weights import average_by_group, group_key, weights_length
 from mqttfl.training.loops import predict_logits
 from mqttfl.wire.schemas import ArrayField, ClientInfo, FloatField, IntField, PayloadSchema
 
@@ -72,12 +73,23 @@ class FedCaringClient(FedAvgClient):
         )
 
     def make_upload(self, t: int) -> dict[str, Any]:
+        """Weights, sample count, training accuracy. With [privacy] on, the accuracy
+        (sensitivity 1) is released beside the update as one Gaussian mechanism: the
+        vector (Δ/S, acc) has sensitivity √2, so both get noise √2·z (in units of S and
+        of 1) and the upload stays one mechanism of multiplier z; the noisy accuracy is
+        then clamped to [0, 1] (post-processing)."""
         predicted = predict_logits(self.model, self.shard.x_train).argmax(axis=1)
-        return {
-            "weights": flatten_weights(self.model),
-            "num_samples": len(self.shard.y_train),
-            "local_accuracy": float(np.mean(predicted == self.shard.y_train)),
-        }
+        accuracy = float(np.mean(predicted == self.shard.y_train))
+        privacy = self.ctx.privacy
+        if privacy is None:
+            weights, samples = self.shared_weights()
+        else:
+            weights, samples = self.shared_weights(noise_scale=math.sqrt(2.0))
+            noise = self.noise().normal(0.0, math.sqrt(2.0) * privacy.noise_multiplier)
+            accuracy = min(1.0, max(0.0, accuracy + float(noise)))
+        return self.declared(
+            {"weights": weights, "num_samples": samples, "local_accuracy": accuracy}
+        )
 
 
 ALGORITHMS = (

@@ -411,6 +411,13 @@ class FedSAPClient(PrototypeClient):
             max_distance=self.thresholds[1],
         )
         keep = accept.numpy()
+        if self.ctx.privacy is not None:  # every window counts once (α=1), then Eq. 14's norm
+            classes, means, counts = self.class_statistics(
+                np.concatenate([embed_all(self.model, x), strong[keep]]),
+                np.concatenate([y, labels.numpy()[keep]]),
+            )
+            norms = np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
+            return self.upload_body(classes, (means / norms).astype(np.float32), counts)
         return self.upload_body(
             *mixed_prototypes(
                 embed_all(self.model, x),

@@ -6,6 +6,11 @@ its class prototypes (the :func:`~mqttfl.algorithms.fedapa.prototype_schema` pay
 classes and prototypes, never weights; per-class counts only when the server weights the
 bank by them, :meth:`PrototypeClient.uploads_counts`), keeps the bank it receives, and
 can classify either with its classifier head or by the nearest global prototype.
+
+With ``[privacy]`` on, :meth:`PrototypeClient.class_statistics` replaces the exact class
+means by the clipped, noised ones of
+:func:`~mqttfl.privacy.mechanism.private_class_prototypes` (noisy counts, and only the
+classes whose noisy count passes the threshold), and every upload declares the settings.
 """
 
 from __future__ import annotations
@@ -22,10 +27,10 @@ from mqttfl.algorithms.base import (
     Upload,
     expect_array,
 )
-from mqttfl.algorithms.fedapa import prototype_schema, stack_uploads
+from mqttfl.algorithms.fedapa import class_statistics, prototype_schema, stack_uploads
 from mqttfl.errors import WireError
 from mqttfl.training.lazy import lazy_import, no_grad
-from mqttfl.training.loops import class_prototypes, embed_all
+from mqttfl.training.loops import embed_all
 from mqttfl.training.metrics import classification_report
 from mqttfl.wire.schemas import ClientInfo, PayloadSchema
 
@@ -113,6 +118,9 @@ class BankServer(ServerSide):
     def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks:
         protos, mask = stack_uploads(uploads, self.ctx.num_classes, self.ctx.embed_dim)
         counts = stack_counts(uploads, self.ctx.num_classes) if self.count_weighted else None
+        if self.upload_weights:  # buffered mode: stale sets count s(τ) times as much
+            stale = np.array([self.upload_weights.get(u.client_id, 1.0) for u in uploads])
+            counts = (mask if counts is None else counts) * stale[:, None]
         bank, available = global_bank(protos, mask, counts)
         return Downlinks(broadcast={"prototypes": bank, "available": available.astype(np.uint8)})
 
@@ -123,6 +131,8 @@ class PrototypeClient(ClientSide):
     ``labelled()`` is the data the prototypes and the supervised loss use (the whole
     training split unless a subclass holds part of it back as unlabelled).
     """
+
+    supports_privacy = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -147,12 +157,19 @@ class PrototypeClient(ClientSide):
         body = {"classes": classes, "prototypes": prototypes}
         if self.uploads_counts(self.ctx):
             body["counts"] = counts
-        return body
+        return self.declared(body)
+
+    def class_statistics(
+        self, embeddings: np.ndarray, y: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(classes, prototypes, counts): the exact class means (Eq. 4 of FedAPA, Eq. 1 of
+        FedSAP), or with [privacy] on their clipped and noised estimates."""
+        return class_statistics(self, embeddings, y)
 
     def make_upload(self, t: int) -> dict[str, Any]:
         """Eq. 1 (FedSAP) / FedProto: mean embedding per local class, after training."""
         x, y = self.labelled()
-        return self.upload_body(*class_prototypes(embed_all(self.model, x), y))
+        return self.upload_body(*self.class_statistics(embed_all(self.model, x), y))
 
     def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
         bank = expect_array(broadcast, "prototypes", (self.ctx.num_classes, self.ctx.embed_dim))

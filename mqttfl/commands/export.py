@@ -53,6 +53,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"client {done.client_id}: {out}/model.onnx ({run['arch']}, {run['method']} round "
             f"{run['round']}; accuracy {scores.get('accuracy', float('nan')):.4f}); "
             f"ONNX vs torch max |diff| {done.max_abs_diff:.2e} over "
-            f"{done.spec.export['windows_checked']} windows\n"
+            f"{done.spec.export['windows_checked']} windows"
+            + ("; adapts to its session (sensor.json adaptation)" if done.spec.adaptation else "")
+            + "\n"
         )
     return 0

@@ -36,6 +36,7 @@ PROVIDERS: dict[str, Provider] = {
     # In the base package: missing only after `pip install --no-deps mqttfl`.
     "scipy": Provider("scipy", None),
     "matplotlib": Provider("matplotlib", None),
+    "dp_accounting": Provider("dp-accounting", None),
 }
 
 EXTRA_NAMES = {"train": "the training extra", "capture": "the capture extra"}

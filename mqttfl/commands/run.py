@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 from mqttfl.commands.common import add_config_args, broker_url, positive
 from mqttfl.config import load_config
 from mqttfl.logs import configure_logging, get_logger
+from mqttfl.monitor.buffered import buffer_watch
 from mqttfl.paths import make_dir
+from mqttfl.privacy.accountant import privacy_settings
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -69,7 +71,12 @@ def _monitor_factory(
     from mqttfl.monitor.view import FederationView
 
     def monitor(address: BrokerAddress, credentials: Credentials) -> RunMonitor:
-        view = FederationView(config.run_id, max_upload_bytes=config.federation.max_upload_bytes)
+        view = FederationView(
+            config.run_id,
+            max_upload_bytes=config.federation.max_upload_bytes,
+            privacy=privacy_settings(config),
+            buffer=buffer_watch(config),
+        )
         return RunMonitor(
             view,
             address,

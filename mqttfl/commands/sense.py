@@ -8,8 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mqttfl.commands.common import broker_url
+from mqttfl.commands.common import broker_url, positive
 from mqttfl.errors import MqttflError
+from mqttfl.sensing.adapt import DEFAULT_BUFFER, DEFAULT_EVERY, DEFAULT_HORIZON_S
 
 
 def _rate(text: str) -> float:
@@ -51,6 +52,30 @@ def add_sense_command(subparsers: Any) -> None:
     sense.add_argument(
         "--readings", type=int, metavar="N", help="stop after N readings (default: run on)"
     )
+    adapt = sense.add_argument_group(
+        "a model that adapts (FedAPA-S)", "a rolling buffer of the latest windows"
+    )
+    adapt.add_argument(
+        "--buffer", type=positive, default=DEFAULT_BUFFER, metavar="N",
+        help=f"windows in the buffer (default {DEFAULT_BUFFER})",
+    )  # fmt: skip
+    adapt.add_argument(
+        "--horizon", type=_rate, default=DEFAULT_HORIZON_S, metavar="SECONDS",
+        help=f"drop windows older than this (default {DEFAULT_HORIZON_S:g})",
+    )  # fmt: skip
+    adapt.add_argument(
+        "--every", type=positive, default=DEFAULT_EVERY, metavar="N",
+        help=f"re-estimate every N windows (default {DEFAULT_EVERY}; sooner while the buffer fills)",
+    )  # fmt: skip
+    adapt.add_argument(
+        "--stream", action="store_true",
+        help="--eval in stream order through the buffer (default: once on the whole session, "
+        "as the run evaluates)",
+    )  # fmt: skip
+    adapt.add_argument(
+        "--curve", type=Path, metavar="FILE",
+        help="--eval --stream: write accuracy against windows seen (JSON)",
+    )  # fmt: skip
     sense.add_argument(
         "--discovery-prefix", default="homeassistant", help="Home Assistant's discovery prefix"
     )
@@ -102,5 +127,10 @@ def cmd_sense(args: argparse.Namespace) -> int:
         nexmon_chip=args.nexmon_chip,
         nexmon_bw=args.nexmon_bw,
         max_readings=args.readings,
+        buffer=args.buffer,
+        horizon_s=args.horizon,
+        every=args.every,
+        stream=args.stream,
+        curve=args.curve,
     )
     return asyncio.run(Sensor(options).run())

@@ -14,7 +14,9 @@ from mqttfl.commands.common import broker_address, credentials
 from mqttfl.config import load_config
 from mqttfl.errors import MqttflError, WireError
 from mqttfl.logs import configure_logging
+from mqttfl.monitor.buffered import buffer_watch
 from mqttfl.monitor.view import ONCE_LISTEN_S, FederationView, run_watch, watch_topics
+from mqttfl.privacy.accountant import privacy_settings
 
 
 def add_watch_command(subparsers: Any) -> None:
@@ -36,7 +38,12 @@ def add_watch_command(subparsers: Any) -> None:
 def cmd_watch(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     try:
-        view = FederationView(args.run, max_upload_bytes=config.federation.max_upload_bytes)
+        view = FederationView(
+            args.run,
+            max_upload_bytes=config.federation.max_upload_bytes,
+            privacy=privacy_settings(config),
+            buffer=buffer_watch(config),
+        )
     except WireError as exc:
         raise MqttflError(f"--run {args.run!r}: {exc.detail}") from None
     broker = broker_address(args)

@@ -104,6 +104,10 @@ _SWAY_M = 0.003  # amplitude (m) of each postural sway component
 # and between two windows of one session (std of the relative complex gain change).
 _SESSION_DRIFT = 0.2
 _WINDOW_DRIFT = 0.006
+# The receiver gain a session holds (AGC, which an ESP32 cannot lock): lognormal σ of the
+# session's level, set so the simulated rooms' between-session coefficient of variation of
+# the mean amplitude matches ESPectre's (benchmarks/bench_calibration.py, "levels").
+SESSION_LEVEL_SIGMA = 0.65
 
 
 @dataclass(frozen=True)
@@ -253,7 +257,10 @@ def _draw_sessions(rng: np.random.Generator, room: Room, n_sessions: int) -> dic
         "beta": rng.uniform(0.2, 0.45, shape),  # LOS attenuation when fully blocking
         "alpha": room.absorption * rng.uniform(0.8, 1.2, shape),
         "drift": _SESSION_DRIFT * _complex_normal(rng, (c, n_sessions, room.mp_gains.size)),
-        "level": rng.lognormal(0.0, 0.02, (c, n_sessions)),  # AGC setting of the session
+        # the AGC setting a recording day holds, the same for every count recorded that day
+        "level": np.broadcast_to(
+            rng.lognormal(0.0, SESSION_LEVEL_SIGMA, n_sessions), (c, n_sessions)
+        ),
     }
 
 

@@ -155,6 +155,17 @@ class _Reference(_Document):
     gain: _Gains = _Gains()
 
 
+class _Privacy(_Document):
+    """[privacy]'s section (mqttfl/privacy/accountant.py ``privacy_summary``)."""
+
+    delta: Annotated[float, Field(gt=0.0, lt=1.0)]
+    clip: Amount
+    noise_multiplier: Amount
+    budget: Amount | None = None
+    uploads: dict[Name, Count]
+    epsilon: dict[Name, Amount]
+
+
 class SummaryDocument(_Document):
     """What a reader of ``summary.json`` may rely on (:func:`mqttfl.engine.state.run_summary`
     writes it; older summaries lack ``split``, ``ordinal_labels`` and ``config``)."""
@@ -173,6 +184,7 @@ class SummaryDocument(_Document):
     missing_uploads: Count = 0
     config: dict[str, Any] | None = None
     local_reference: _Reference | None = None
+    privacy: _Privacy | None = None  # with [privacy] on
 
 
 def read_summary(path: Path) -> dict[str, Any]:

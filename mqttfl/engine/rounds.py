@@ -90,7 +90,14 @@ class Finish:
     summary: dict[str, Any]
 
 
-Action = Announce | Close | Finish
+@dataclass(frozen=True)
+class Keep:
+    """Write the checkpoint, publish nothing (buffered mode: an upload entered the buffer)."""
+
+    checkpoint: dict[str, Any]
+
+
+Action = Announce | Close | Finish | Keep
 
 
 class Phase(Enum):
@@ -461,6 +468,7 @@ class RoundEngine:
                 "upload.missing", round=t, client=client, online=self.clients[client].online
             )
         downlinks = aggregate_checked(self.server, t, uploads, self.state.rejections, self.log)
+        state.uploads.update(self.gate.accepted_bytes.keys())  # the accountant's count
         for size in self.gate.accepted_bytes.values():
             state.comm["up_bytes"] += size
             state.comm["up_count"] += 1

@@ -12,6 +12,7 @@ from mqttfl.config import RunConfig
 from mqttfl.engine.journal import Journal, mean_over_clients, read_checkpoint, summarize_clients
 from mqttfl.errors import DataError, MqttflError
 from mqttfl.files import JsonLines, one_line, set_aside, set_aside_tail
+from mqttfl.privacy.accountant import privacy_summary
 from mqttfl.wire.control import DownlinkPayloads
 from mqttfl.wire.ids import client_order
 from mqttfl.wire.topics import MAX_ROUND
@@ -40,6 +41,9 @@ class RunState:
     # The last round's downlinks, encoded once: re-sent as they are after a crash.
     downlinks: DownlinkPayloads | None = None
     clients: list[str] = field(default_factory=list)  # registered at the last close
+    uploads: Counter[str] = field(default_factory=Counter)  # accepted, per client
+    # federation.mode = "buffered": the buffer, latest sets and versions (engine/buffered.py)
+    buffered: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self, config: RunConfig) -> dict[str, Any]:
         return {
@@ -56,6 +60,8 @@ class RunState:
             if self.downlinks is None
             else {"broadcast": self.downlinks.broadcast, "personal": self.downlinks.personal},
             "clients": sorted(self.clients, key=client_order),
+            "uploads": dict(self.uploads),
+            **({"buffered": self.buffered} if self.buffered else {}),
         }
 
     @classmethod
@@ -83,6 +89,8 @@ class RunState:
             if saved
             else None,
             clients=[str(c) for c in data.get("clients", [])],
+            uploads=Counter({str(k): int(v) for k, v in dict(data.get("uploads") or {}).items()}),
+            buffered=dict(data.get("buffered") or {}),
         )
 
 
@@ -107,8 +115,9 @@ def _malformed(data: dict[str, Any]) -> str | None:
     for key in ("comm", "rejections"):
         if not _counts(data.get(key)):
             return f"'{key}' is not a map of counts"
-    if not _counts(data.get("rejected_messages", {})):
-        return "'rejected_messages' is not a map of counts"
+    for key in ("rejected_messages", "uploads"):
+        if not _counts(data.get(key, {})):
+            return f"'{key}' is not a map of counts"
     for key in ("retries", "missing_uploads"):
         if not _count(data.get(key)):
             return f"'{key}' is not a count"
@@ -120,6 +129,8 @@ def _malformed(data: dict[str, Any]) -> str | None:
         and all(isinstance(k, str) and isinstance(v, bytes) for k, v in saved["personal"].items())
     ):
         return "'downlink_payloads' are not the encoded downlinks"
+    if not isinstance(data.get("buffered", {}), dict):
+        return "'buffered' is not a map"
     clients = data.get("clients", [])
     if not isinstance(clients, list) or not all(isinstance(c, str) for c in clients):
         return "'clients' is not a list of client ids"
@@ -223,4 +234,5 @@ def run_summary(
         "retries": state.retries,
         "missing_uploads": state.missing_uploads,
         "config": config.recorded(),
+        **privacy_summary(config, state.uploads),
     }

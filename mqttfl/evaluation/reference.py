@@ -168,9 +168,11 @@ def train_local_reference(
     round)`` is called (from one thread) after each client-round. A process per client
     where processes can fork; in threads with ``workers`` (or where they cannot)."""
     from mqttfl.algorithms import get_algorithm, make_context
+    from mqttfl.config import PrivacyConfig
     from mqttfl.engine.rounds import select_clients
 
-    local = config.model_copy(update={"method": "local"})
+    # Local uploads nothing, so [privacy] has nothing to protect in it (and no mechanism)
+    local = config.model_copy(update={"method": "local", "privacy": PrivacyConfig()})
     algorithm = get_algorithm("local")
     ctx = make_context(local)
     server = algorithm.server(ctx)

@@ -169,6 +169,7 @@ def render_markdown(runs: list[RunData], rows: list[dict[str, Any]]) -> str:
                 f"{row['f1'] * 100:.2f} | {mae} | "
                 f"{row['kb_sent']:.1f} | {row['kb_received']:.1f} |"
             )
+        lines += privacy_lines(run.summary)
     lines += [
         "",
         "![accuracy per round](accuracy.png)",
@@ -179,6 +180,24 @@ def render_markdown(runs: list[RunData], rows: list[dict[str, Any]]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def privacy_lines(summary: dict[str, Any]) -> list[str]:
+    """ε per client of a run with [privacy] on (nothing otherwise)."""
+    privacy = summary.get("privacy")
+    if not isinstance(privacy, dict):
+        return []
+    lines = [
+        "",
+        f"Differential privacy: δ={privacy['delta']:g}, clip {privacy['clip']:g}, noise "
+        f"multiplier {privacy['noise_multiplier']:.3f}, budget ε={privacy.get('budget')}.",
+        "",
+        "| client | uploads | ε |",
+        "|---|---|---|",
+    ]
+    for client, spent in privacy["epsilon"].items():
+        lines.append(f"| {client} | {privacy['uploads'].get(client, 0)} | {spent:.3f} |")
+    return lines
 
 
 def _reference_cells(summary: dict[str, Any], client: str | None) -> tuple[str, str]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mqttfl.monitor.buffered import buffered_note
+
 SPLIT_TEXT = {
     "window": "window split (test windows from sessions the client trained on)",
     "session": "session split (test sessions the client never trained on)",
@@ -40,6 +42,7 @@ def format_table(summary: dict[str, Any]) -> str:
     reference = summary.get("local_reference")
     mae = shows_mae(summary)
     split = run_split(summary)
+    spent = (summary.get("privacy") or {}).get("epsilon")  # ε per client, [privacy] on
     lines = [
         f"{summary['method']} on run {summary['run_id']}: {summary['rounds_completed']} rounds, "
         f"{SPLIT_TEXT.get(split, f'{split} split')}; means over the last 5 rounds",
@@ -47,7 +50,8 @@ def format_table(summary: dict[str, Any]) -> str:
         + (f" {'local':>9} {'gain':>9}" if reference else "")
         + f" {'macro-F1':>9}"
         + (f" {'MAE':>7}" if mae else "")
-        + f" {'KB sent':>10} {'KB recv':>10}",
+        + f" {'KB sent':>10} {'KB recv':>10}"
+        + (f" {'ε':>7}" if spent is not None else ""),
     ]
     for client, row in summary["clients"].items():
         lines.append(
@@ -55,6 +59,7 @@ def format_table(summary: dict[str, Any]) -> str:
             f"{row['f1']:>9.4f}"
             + (f" {row['mae']:>7.3f}" if mae else "")
             + f" {row['kb_sent']:>10.1f} {row['kb_received']:>10.1f}"
+            + (f" {spent.get(client, 0.0):>7.2f}" if spent is not None else "")
         )
     mean = summary["mean"]
     comm = summary["comm"]
@@ -70,6 +75,10 @@ def format_table(summary: dict[str, Any]) -> str:
     )
     if summary.get("rejections"):
         lines.append(f"rejected uploads: {summary['rejections']}")
+    if summary.get("buffered"):  # federation.mode = "buffered"
+        lines.append(buffered_note(summary["buffered"]))
+    if spent is not None:
+        lines.append(privacy_note(summary["privacy"]))
     if reference:
         verdict = federation_verdict(summary)
         if verdict:
@@ -125,4 +134,16 @@ def _reference_note(reference: dict[str, Any]) -> str:
     return (
         "local: each client trained alone (method local: same shards, model, seed, [train] "
         f"and rounds); gain = accuracy - local\nlocal reference: {how}"
+    )
+
+
+def privacy_note(privacy: dict[str, Any]) -> str:
+    """One line under the table of a private run: what ε is and what it was spent on."""
+    budget = privacy.get("budget")
+    return (
+        f"ε: each client's differential privacy over the uploads it made, at δ="
+        f"{privacy['delta']:g} (clip {privacy['clip']:g}, noise multiplier "
+        f"{privacy['noise_multiplier']:.3f}"
+        + (f", budget ε={budget:g}" if budget is not None else "")
+        + "; mqttfl/privacy)"
     )

@@ -175,14 +175,23 @@ def export_client(
     out.mkdir(parents=True, exist_ok=True)
     x = shard.x_test if len(shard.x_test) else shard.x_train
     model_path = out / MODEL_FILE
-    export_onnx(module, np.ascontiguousarray(x[: min(len(x), 4)]), model_path)
     # the batches the client evaluates in (bounded activations), so sense's --eval
     # reproduces its figures
     batch = eval_batch_size(module, shard.sample_shape)
-    reference = torch_scores(module, x, batch)
-    scores = onnx_scores(model_path, x, batch)
-    deviation = float(np.max(np.abs(reference - scores))) if reference.size else 0.0
-    agree = float(np.mean(reference.argmax(axis=1) == scores.argmax(axis=1))) if len(x) else 1.0
+    adaptation, checks = None, dict[str, Any]()
+    if getattr(method.ctx.params, "adapt_norm", False):
+        # the statistics become an input, and what adapts goes into sensor.json
+        from mqttfl.export.adaptive import export_adapting
+
+        adaptation, checks = export_adapting(method, config.method, x, batch, model_path, OPSET)
+        deviation = float(checks["max_abs_diff_adaptive_vs_torch"])
+        agree = float(checks["transductive_agreement_vs_torch"])
+    else:
+        export_onnx(module, np.ascontiguousarray(x[: min(len(x), 4)]), model_path)
+        reference = torch_scores(module, x, batch)
+        scores = onnx_scores(model_path, x, batch)
+        deviation = float(np.max(np.abs(reference - scores))) if reference.size else 0.0
+        agree = float(np.mean(reference.argmax(axis=1) == scores.argmax(axis=1))) if len(x) else 1.0
 
     labels, counts = class_names(shard, config.model.num_classes)
     spec = SensorSpec(
@@ -210,7 +219,9 @@ def export_client(
             "windows_checked": len(x),
             "max_abs_diff_vs_torch": deviation,
             "argmax_agreement": agree,
+            **checks,
         },
+        adaptation=adaptation,
     )
     spec.write(out)
     if with_shard:

@@ -94,6 +94,8 @@ def mean_accuracy(view: FederationView) -> tuple[float, int] | None:
 def round_line(view: FederationView, clock: RoundClock, t: int) -> str:
     """The plain line of a closed round."""
     uploads = f"{len(view.uploaded() & set(view.selected))}/{len(view.selected)} uploads"
+    if view.buffer is not None:  # buffered: what filled the buffer, not one round's uploads
+        uploads = f"buffer {view.buffer.fill}/{view.buffer.buffer_size}"
     parts = [f"round {t}/{clock.total} closed", uploads]
     accuracy = mean_accuracy(view)
     if accuracy is not None:

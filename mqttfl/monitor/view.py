@@ -41,6 +41,9 @@ from rich.text import Text
 
 from mqttfl.bus.transport import Bus, Incoming
 from mqttfl.errors import WireError
+from mqttfl.monitor.buffered import BufferWatch
+from mqttfl.monitor.text import clean, status_site
+from mqttfl.privacy.accountant import PrivacySettings
 from mqttfl.wire.control import (
     Online,
     RoundStart,
@@ -60,27 +63,8 @@ ONCE_LISTEN_S = 2.0  # --once: how long to listen before the snapshot
 RETAINED_WINDOW_S = 1.0  # a run status this soon after (re)connecting may be the retained copy
 KEEP_ROUNDS = 3  # per-round upload and ack tallies: the current round and its neighbours
 RECENT_EVENTS = 6  # event lines under the live table
-MAX_TEXT = 60  # characters of a site, reason or topic shown
 MAX_NAMES = 12  # missing clients named before "+N more"
 MAX_ROWS = 50  # clients in the table, the first by id; a line counts the others
-
-
-def clean(value: object, limit: int = MAX_TEXT) -> str:
-    """Printable text of at most ``limit`` characters: a hostile string may carry terminal
-    escapes (cells are rich ``Text``, so markup in it stays literal)."""
-    text = str(value)
-    shown = "".join(ch if ch.isprintable() else "?" for ch in text[:limit])
-    return shown + ("…" if len(text) > limit else "")
-
-
-def status_site(status: Online) -> str | None:
-    """The site a status names, if the wire carries one (an optional ``site`` on the
-    status or its client info); anything but a non-empty string is ignored."""
-    for holder in (status, status.info):
-        site = getattr(holder, "site", None)
-        if isinstance(site, str) and site:
-            return clean(site, 32)
-    return None
 
 
 @dataclass
@@ -91,6 +75,7 @@ class ClientRow:
     accuracy: float | None = None
     mae: float | None = None
     metrics_round: int = 0
+    uploads: int = 0  # seen on the bus, for [privacy]'s ε
 
 
 @dataclass
@@ -99,6 +84,8 @@ class FederationView:
 
     run_id: str
     max_upload_bytes: int | None = None
+    privacy: PrivacySettings | None = None  # the run's [privacy]: an ε column
+    buffer: BufferWatch | None = None  # federation.mode = "buffered": versions, staleness
     phase: str = "unknown"  # unknown | waiting | open | closed | finished
     round: int = 0
     selected: tuple[str, ...] = ()
@@ -279,7 +266,13 @@ class FederationView:
         read_envelope(  # the envelope only, bounded: the coordinator checks the body
             payload, "upload", self.run_id, sender=client, round=t, max_bytes=self.max_upload_bytes
         )
-        if not self._tally(self.uploads, t, client) or t != self.round:
+        if self.buffer is not None:  # before the tally, which keeps only nearby rounds
+            current = self.round + (self.phase != "open")
+            self.buffer.upload(client, t, current, self.closed_through)
+        kept = self._tally(self.uploads, t, client)
+        if kept and self.uploads[t][client] == 1 and client in self.clients:  # a re-send: once
+            self.clients[client].uploads += 1  # no row for an id only an upload topic named
+        if not kept or t != self.round:
             return [f"client {client} uploaded round {t} (round {self.round} is current)"]
         if client in self._chosen:
             self._done.add(client)
@@ -395,12 +388,15 @@ def render(view: FederationView, now: float, *, recent: bool = False) -> Rendera
         f" · run {view.run_id} · broker {broker} · clients {online} online, {offline} offline\n",
         (_round_line(view, now), "bold"),
         f"\nrounds closed {view.closed_through} · rejected messages: {rejected}",
+        f"\n{view.buffer.line(view.closed_through)}" if view.buffer else "",
     )
     table = Table()
     for name in ("client", "site", "status", f"round {view.round}" if view.round else "round"):
         table.add_column(name)
-    for name in ("accuracy", "MAE", "eval round"):
+    for name in ("accuracy", "MAE", "eval round", *(("ε",) if view.privacy else ())):
         table.add_column(name, justify="right")
+    if view.buffer:
+        table.add_column("staleness", justify="right")
     for client in view.client_ids(first=MAX_ROWS):
         row = view.clients.get(client) or ClientRow()
         measured = row.accuracy is not None and row.mae is not None
@@ -412,6 +408,8 @@ def render(view: FederationView, now: float, *, recent: bool = False) -> Rendera
             Text(f"{row.accuracy:.3f}" if row.accuracy is not None else "-"),
             Text(f"{row.mae:.2f}" if row.mae is not None else "-"),
             Text(str(row.metrics_round) if measured else "-"),
+            *([Text(f"{view.privacy.spent(row.uploads):.2f}")] if view.privacy else []),
+            *([Text(view.buffer.cell(client))] if view.buffer else []),
         )
     parts: list[RenderableType] = [header, table]
     hidden = view.client_count() - MAX_ROWS

@@ -39,6 +39,7 @@ from mqttfl.data.shard import Shard
 from mqttfl.errors import BrokerError, MqttflError, WireError
 from mqttfl.logs import get_logger
 from mqttfl.nodes.client_inbox import Received, read_for_client
+from mqttfl.nodes.client_privacy import announced, privacy_allows
 from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path
 from mqttfl.nodes.device import build_client_side, round_rng
 from mqttfl.nodes.run_lease import finished_text
@@ -114,7 +115,7 @@ class ClientRunner:
         # the order the worker acts: a downlink is applied only once its round closed, so
         # one sent early (forged, for a round still open or not yet announced) never is.
         self.closed_round = 0
-        self.training_round = 0
+        self.training_round = self.newest_start = 0  # newest: the newest start selecting us
         self.refused_round = 0  # trained, but its upload failed the schema: not retrained
         self.last_upload: SentUpload | None = None
         self._uploading = asyncio.Lock()  # one upload on the wire at a time (chunks interleave)
@@ -138,7 +139,7 @@ class ClientRunner:
                 trained_round=self.progress.trained_round,
                 applied_round=self.progress.applied_round,
             )
-        online = Online(self.info).encode(config.run_id)
+        online = Online(announced(self.info, self.ctx)).encode(config.run_id)
         self.bus = Bus(
             broker,
             identifier=f"mqttfl-{config.run_id}-client-{client_id}",
@@ -182,7 +183,7 @@ class ClientRunner:
             return
         self._healed = now
         self.log.warning("status.corrected", reason=forged.reason)
-        online = Online(self.info).encode(self.config.run_id)
+        online = Online(announced(self.info, self.ctx)).encode(self.config.run_id)
         self._spawn(
             self.bus.publish(self.topics.status(self.client_id), online, retain=True, timeout=30)
         )
@@ -206,6 +207,7 @@ class ClientRunner:
         key = (start.round, start.announcement)
         if self.client_id not in start.selected or key in self._acked:
             return
+        self.newest_start = max(self.newest_start, start.round)
         self._acked.add(key)
         ack = Ack(start.round, self.client_id, start.announcement).encode(self.config.run_id)
         self._spawn(self.bus.publish(self.topics.ack(start.round, self.client_id), ack, timeout=30))
@@ -301,9 +303,13 @@ class ClientRunner:
         t = start.round
         if t <= self.progress.trained_round or t in (self.training_round, self.refused_round):
             return
+        if self.config.federation.mode == "buffered" and t < self.newest_start:
+            return  # buffered: train on the newest version we hold (engine/buffered.py)
         log = self.log.bind(round=t)
         if time.monotonic() > received + start.timeout_s:
             log.warning("round.skipped", reason="deadline already passed")
+            return
+        if not await privacy_allows(self, t):  # its budget is spent: it leaves the run
             return
         began = time.monotonic()
         self.training_round = t

@@ -46,6 +46,7 @@ class Progress:
     trained_round: int = 0
     applied_round: int = 0
     bytes_up: dict[int, int] = field(default_factory=dict)
+    uploads: int = 0  # uploads charged to the privacy budget (mqttfl/nodes/client_privacy.py)
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,7 @@ class StateFile:
         method.load_state_dict({k: v.numpy() for k, v in state["method"].items()})
         progress.trained_round = int(state["trained_round"])
         progress.applied_round = int(state["applied_round"])
+        progress.uploads = int(state.get("uploads", 0))
 
     @staticmethod
     def snapshot(model: torch.nn.Module, method: ClientSide, progress: Progress) -> dict[str, Any]:
@@ -201,6 +203,7 @@ class StateFile:
             },
             "trained_round": progress.trained_round,
             "applied_round": progress.applied_round,
+            "uploads": progress.uploads,
         }
 
     def _write(self, snapshot: dict[str, Any]) -> None:

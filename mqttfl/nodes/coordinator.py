@@ -27,8 +27,9 @@ from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.transport import Bus, Incoming
 from mqttfl.config import RunConfig
 from mqttfl.engine.budget import MAX_SENDERS, RATES
+from mqttfl.engine.buffered import make_engine
 from mqttfl.engine.journal import Journal
-from mqttfl.engine.rounds import Announce, Close, Finish, RoundEngine
+from mqttfl.engine.rounds import Action, Announce, Close, Finish, Keep
 from mqttfl.engine.state import Resume, RunState, check_resume
 from mqttfl.errors import BrokerError, RejectedUpload, RunAborted, WireError
 from mqttfl.logs import get_logger
@@ -83,7 +84,7 @@ class Coordinator:
         resume.apply(get_logger(run_id=config.run_id, client_id="coordinator"))
         algorithm = get_algorithm(config.method)
         self.ctx = make_context(config)
-        self.engine = RoundEngine(
+        self.engine = make_engine(
             config,
             algorithm,
             self.ctx,
@@ -352,9 +353,13 @@ class Coordinator:
                 self.wake.set()  # (a flood the screen drops never wakes the round loop)
 
     # --- actions -------------------------------------------------------------------------
-    async def _perform(self, action: Announce | Close | Finish) -> None:
+    async def _perform(self, action: Action) -> None:
         run = self.config.run_id
-        if isinstance(action, Announce):
+        if isinstance(action, Keep):  # buffered mode: the buffer changed
+            await self._synced_checkpoint()
+            self.journal.save_checkpoint(action.checkpoint, sync=False)
+            self._syncing = asyncio.create_task(asyncio.to_thread(self.journal.sync_checkpoint))
+        elif isinstance(action, Announce):
             t = action.start.round
             structlog.contextvars.bind_contextvars(round=t)
             self._size_reassembly()

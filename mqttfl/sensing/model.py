@@ -1,13 +1,19 @@
-"""The exported model under onnxruntime, checked against ``sensor.json`` when loaded."""
+"""The exported model under onnxruntime, checked against ``sensor.json`` when loaded.
+
+A model that adapts (sensor.json's ``adaptation``) takes its normalization statistics as a
+second input; :meth:`SensorModel.scores` feeds the trained ones, and :attr:`adapter`
+(:mod:`mqttfl.sensing.adapt`) adapts it to the windows it sees."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from mqttfl.errors import DataError
+from mqttfl.sensing.adapt import Adapter
 from mqttfl.sensing.spec import SPEC_FILE, SensorSpec
 
 
@@ -21,6 +27,9 @@ class Reading:
     confidence: float  # softmax of the scores at the chosen class
     end_time: float
     finite: bool = True  # False: the model's scores were NaN or infinite (never published)
+    adapted: bool | None = None  # a model that adapts: whether this reading's model did
+    shift_score: float | None = None  # the gate's shift score of the windows it decided on
+    fit_ratio: float | None = None  # and its fit ratio (adapts where >= its threshold)
 
 
 def softmax(scores: np.ndarray) -> np.ndarray:
@@ -52,14 +61,29 @@ class SensorModel:
         except Exception as exc:
             raise DataError(path, f"not a loadable ONNX model: {str(exc)[:200]}") from None
         self._check(Path(directory) / SPEC_FILE)
+        adaptation = spec.adaptation
+        self.adapter = (
+            None if adaptation is None else Adapter(self.session, spec.input_name, adaptation)
+        )
 
     def _check(self, spec_path: Path) -> None:
         """DataError naming sensor.json's field that does not match the ONNX graph."""
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
-        if len(inputs) != 1 or inputs[0].name != self.spec.input_name:
+        adaptation = self.spec.adaptation
+        expected = [self.spec.input_name]
+        if adaptation is not None:
+            expected.append(adaptation.statistics_input)
+        if [i.name for i in inputs] != expected:
             names = [i.name for i in inputs]
+            if adaptation is None:
+                raise DataError(
+                    spec_path,
+                    f"input.name is {self.spec.input_name!r}, the model's inputs are {names}",
+                )
             raise DataError(
-                spec_path, f"input.name is {self.spec.input_name!r}, the model's inputs are {names}"
+                spec_path,
+                f"input.name and adaptation.statistics_input are {expected}, the model's "
+                f"inputs are {names}",
             )
         sample = tuple(inputs[0].shape[1:])
         if sample != self.spec.input_shape:
@@ -80,14 +104,64 @@ class SensorModel:
                 spec_path,
                 f"classes lists {self.spec.num_classes} classes, the model scores {width}",
             )
+        if adaptation is not None:
+            self._check_adaptive(spec_path, inputs[1].shape, by_name)
+
+    def _check_adaptive(
+        self, spec_path: Path, stats_shape: list[Any], by_name: dict[str, Any]
+    ) -> None:
+        adaptation = self.spec.adaptation
+        assert adaptation is not None
+        total = sum(adaptation.channels)
+        if list(stats_shape) != [2, total]:
+            raise DataError(
+                spec_path,
+                f"adaptation.layers has {total} channels in all, the model's statistics "
+                f"input is {list(stats_shape)}",
+            )
+        for key in ("embedding_output", "moments_output", "counts_output"):
+            name = getattr(adaptation, key)
+            if name not in by_name:
+                raise DataError(
+                    spec_path,
+                    f"adaptation.{key} is {name!r}, the model's outputs are {list(by_name)}",
+                )
+        counts = by_name[adaptation.counts_output].shape
+        if list(counts) != [len(adaptation.channels)]:
+            raise DataError(
+                spec_path,
+                f"adaptation.layers lists {len(adaptation.channels)} layers, the model reports "
+                f"moments of {counts}",
+            )
+        width = by_name[adaptation.embedding_output].shape[-1]
+        if adaptation.prototypes is not None and width != adaptation.prototypes.shape[1]:
+            raise DataError(
+                spec_path,
+                f"adaptation.prototypes have {adaptation.prototypes.shape[1]} dimensions, the "
+                f"model's embedding {width}",
+            )
 
     def scores(self, x: np.ndarray) -> np.ndarray:
         """Class scores of a batch of samples (n, *input.shape)."""
         feed = {self.spec.input_name: np.ascontiguousarray(x, dtype=np.float32)}
+        if self.adapter is not None:
+            feed[self.adapter.spec.statistics_input] = self.adapter.trained
         return np.asarray(self.session.run([self.spec.output_name], feed)[0])
 
     def readings(self, x: np.ndarray, end_times: list[float]) -> list[Reading]:
-        scores = self.scores(x)
+        return self.readings_of(self.scores(x), end_times)
+
+    def readings_of(
+        self,
+        scores: np.ndarray,
+        end_times: list[float],
+        *,
+        adapted: bool | None = None,
+        shift_score: float | None = None,
+        fit_ratio: float | None = None,
+    ) -> list[Reading]:
+        """One reading per row of class scores (an adapted model's: ``adapted`` and the
+        gate's score go with each)."""
         probabilities = softmax(scores)
         out = []
         finite = np.isfinite(probabilities).all(axis=-1) & np.isfinite(scores).all(axis=-1)
@@ -102,6 +176,9 @@ class SensorModel:
                     confidence=float(probabilities[row, k]),
                     end_time=end,
                     finite=bool(finite[row]),
+                    adapted=adapted,
+                    shift_score=shift_score,
+                    fit_ratio=fit_ratio,
                 )
             )
         return out

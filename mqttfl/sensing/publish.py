@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -176,13 +177,27 @@ def iso_time(seconds: float) -> str:
 
 
 def state_message(reading: Reading) -> dict[str, Any]:
+    """A reading's JSON (also Home Assistant's attributes); a model that adapts adds
+    ``adapted`` (whether this reading's model was adapted to the session),
+    ``shift_score`` (how far the buffer's windows moved from the training windows) and
+    ``fit_ratio`` (the gate's statistic: it adapts where the ratio reaches its threshold);
+    both null without a gate or before the buffer holds ``min_adapt_windows``."""
     count: float | int = int(reading.count) if reading.count.is_integer() else reading.count
-    return {
+    state: dict[str, Any] = {
         "count": count,
         "class": reading.label,
         "confidence": round(reading.confidence, 4),
         "window_end": iso_time(reading.end_time),
     }
+    if reading.adapted is not None:
+        state["adapted"] = reading.adapted
+        state["shift_score"] = _rounded(reading.shift_score)
+        state["fit_ratio"] = _rounded(reading.fit_ratio)
+    return state
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, 4)
 
 
 def encode(payload: dict[str, Any]) -> bytes:

@@ -8,6 +8,12 @@ Sources (``--input``):
 * ``shard:PATH``: a shard's test split, windows ready for the model (``--eval`` scores
   them against their labels, in the batches the run evaluated with).
 
+A model that adapts (sensor.json's ``adaptation``: FedAPA-S) keeps a rolling buffer of
+the latest windows and predicts each with the statistics and prototypes re-estimated on it
+(:mod:`.adapt`); each reading says whether it was adapted and the gate's shift score.
+``--eval`` adapts once on the whole session (the run's figure), ``--eval --stream`` in
+stream order (:mod:`.adapt_eval`).
+
 A window whose scores come out NaN or infinite is skipped and counted, never published
 (strict JSON has no NaN). The availability topic says ``offline`` on every way out: the
 end of the input, ``--once``/``--readings``, an error, SIGTERM or SIGINT (a clean stop:
@@ -36,6 +42,14 @@ from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.transport import Bus
 from mqttfl.errors import BrokerError, DataError, MqttflError
 from mqttfl.logs import get_logger
+from mqttfl.sensing import adapt_eval
+from mqttfl.sensing.adapt import (
+    DEFAULT_BUFFER,
+    DEFAULT_EVERY,
+    DEFAULT_HORIZON_S,
+    Adaptation,
+    StreamAdapter,
+)
 from mqttfl.sensing.gateway import REPORTED_DROPS, GatewayFrames
 from mqttfl.sensing.inlet import FrameInlet
 from mqttfl.sensing.model import Reading, SensorModel
@@ -105,6 +119,11 @@ class SenseOptions:
     max_readings: int | None = None
     connect_timeout_s: float = 10.0
     threads: int = 1
+    buffer: int = DEFAULT_BUFFER  # an adapting model: windows in the rolling buffer
+    horizon_s: float = DEFAULT_HORIZON_S  # and the oldest window's age
+    every: int = DEFAULT_EVERY  # windows between two estimates
+    stream: bool = False  # --eval: in stream order, not once on the whole session
+    curve: Path | None = None  # --eval --stream: the curve's JSON file
 
 
 @dataclass
@@ -131,6 +150,15 @@ class Sensor:
         except ValueError as exc:  # a name or prefix no topic can hold: one line
             raise MqttflError(str(exc)) from None
         self.model = SensorModel(options.directory, self.spec, threads=options.threads)
+        self.adapting: StreamAdapter | None = None
+        if self.model.adapter is not None:
+            self.adapting = StreamAdapter(
+                self.model.adapter,
+                buffer=options.buffer,
+                horizon_s=options.horizon_s,
+                every=options.every,
+                on_estimate=self._adapted,
+            )
         self.live = out.isatty() and not options.json_lines and not options.once
         self.bus: Bus | None = None
         self.gateway: GatewayFrames | None = None
@@ -146,6 +174,8 @@ class Sensor:
         o = self.options
         if o.evaluate and o.source.kind != "shard":
             raise MqttflError("--eval needs --input shard:PATH (labelled windows)")
+        if (o.stream or o.curve is not None) and not (o.evaluate and self.adapting):
+            raise MqttflError("--stream and --curve go with --eval of a model that adapts")
         if o.broker is None and not o.evaluate:
             raise MqttflError(
                 "--broker is required (the readings go there), e.g. mqtt://127.0.0.1:1883"
@@ -252,7 +282,7 @@ class Sensor:
         windows = self._windows()
         try:
             async for window in windows:
-                reading = self.model.readings(window.x[None], [window.end_time])[0]
+                reading = self._read(window)
                 if not reading.finite:
                     self._skipped(reading)
                     continue
@@ -264,7 +294,24 @@ class Sensor:
                     break
         finally:
             await windows.aclose()  # type: ignore[attr-defined]
+            if self.adapting is not None:
+                await self.adapting.settle()
         self._clear_live()
+
+    def _read(self, window: Window) -> Reading:
+        """One window's reading; an adapting model first adds it to its buffer."""
+        if self.adapting is None:
+            return self.model.readings(window.x[None], [window.end_time])[0]
+        head = self.spec.output_name
+        scores = self.adapting.read(window.x, window.end_time, head, background=True)
+        figures = self.adapting.current.figures()
+        return self.model.readings_of(scores[None], [window.end_time], **figures)[0]
+
+    def _adapted(self, adaptation: Adaptation, seconds: float) -> None:
+        self.log.info(
+            "sense.adapted", windows=adaptation.windows, seconds=round(seconds, 4),
+            **adaptation.figures(),
+        )  # fmt: skip
 
     def _skipped(self, reading: Reading) -> None:
         self.tally.skipped += 1
@@ -278,6 +325,8 @@ class Sensor:
     async def _evaluate(self) -> dict[str, Any]:
         """Score the shard's test windows in the run's batches; publish each reading."""
         x, y = self.shard.x_test, self.shard.y_test
+        if self.adapting is not None:
+            return await self._evaluate_adapting()
         batch = self.spec.eval_batch_size
         predicted: list[int] = []
         for start in range(0, len(x), batch):
@@ -285,29 +334,36 @@ class Sensor:
             readings = self.model.readings(chunk, [time.time()] * len(chunk))
             for reading in readings:
                 predicted.append(reading.klass)
-                if not reading.finite:
-                    self._skipped(reading)
-                elif self.bus is not None:
-                    await self._publish(reading)
-                else:
-                    self.tally.readings += 1
+                await self._emit(reading)
         report = classification_report(y, np.asarray(predicted, dtype=np.int64))
         return {**report, "windows": len(y), "run": self.spec.scores}
 
-    def _write_evaluation(self, result: dict[str, Any]) -> None:
-        if self.options.json_lines:
-            self.out.write(json.dumps(result) + "\n")
-            return
-        run = result["run"]
-        lines = [f"{'':10}{'run':>10}{'sense':>10}"]
-        for key in ("accuracy", "f1", "mae"):
-            mine = f"{result[key]:.4f}"
-            theirs = f"{run[key]:.4f}" if key in run else "-"
-            lines.append(f"{key:10}{theirs:>10}{mine:>10}")
-        lines.append(
-            f"{result['windows']} windows; run: round {run.get('round', '?')} of metrics.jsonl"
+    async def _emit(self, reading: Reading) -> None:
+        """An evaluated reading: skipped when not finite, else published (or counted)."""
+        if not reading.finite:
+            self._skipped(reading)
+        elif self.bus is not None:
+            await self._publish(reading)
+        else:
+            self.tally.readings += 1
+
+    async def _evaluate_adapting(self) -> dict[str, Any]:
+        """Once on the whole session, or in stream order (:mod:`.adapt_eval`); each
+        reading published."""
+        assert self.adapting is not None
+        o, y = self.options, self.shard.y_test
+        result = adapt_eval.evaluate(
+            self.adapting, self.spec, self.shard.x_test, y, o.stream, o.curve
         )
-        self.out.write("\n".join(lines) + "\n")
+        now = [time.time()] * len(y)
+        for reading in self.model.readings_of(result.scores, now, **result.adaptation.figures()):
+            await self._emit(reading)
+        report = classification_report(y, result.predicted)
+        return {**report, "windows": len(y), "run": self.spec.scores, **result.summary}
+
+    def _write_evaluation(self, result: dict[str, Any]) -> None:
+        text = json.dumps(result) if self.options.json_lines else adapt_eval.table(result)
+        self.out.write(text + "\n")
 
     async def _work(self) -> None:
         o = self.options

@@ -4,7 +4,9 @@ The sensing side guesses nothing: the file says which positions of a capture's
 subcarrier axis the model reads and in what order, whether the sanitised phase follows
 the amplitude, how many antenna pairs are flattened into a packet's row, the window and
 stride in packets, the per-feature normalization fitted on the client's training
-windows, the model's input shape, and what each output class means. Loading checks
+windows, the model's input shape, and what each output class means; for a model that
+adapts to its session (FedAPA-S), what adapts (``adaptation``,
+:mod:`mqttfl.sensing.adaptive_spec`, absent from a fixed model's file). Loading checks
 every field and names the one that is wrong (a :class:`~mqttfl.errors.DataError` on the
 file).
 """
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from mqttfl.errors import DataError
+from mqttfl.sensing.adaptive_spec import AdaptationSpec, parse_adaptation
 
 SPEC_FILE = "sensor.json"
 MODEL_FILE = "model.onnx"
@@ -69,6 +72,8 @@ class SensorSpec:
     eval_batch_size: int = 256
     model_file: str = MODEL_FILE
     export: dict[str, Any] = field(default_factory=dict)
+    #: how the model adapts to the session it classifies (None: a fixed model)
+    adaptation: AdaptationSpec | None = None
 
     @property
     def num_classes(self) -> int:
@@ -112,6 +117,7 @@ class SensorSpec:
             "run": self.run,
             "scores": self.scores,
             "export": self.export,
+            **({} if self.adaptation is None else {"adaptation": self.adaptation.to_dict()}),
         }
 
     def write(self, directory: Path) -> Path:
@@ -267,6 +273,9 @@ def parse_spec(data: Any) -> SensorSpec:
         eval_batch_size=batch,
         model_file=_need(data, "model_file", str, ""),
         export=_scalars(data.get("export"), "export"),
+        adaptation=None
+        if data.get("adaptation") is None
+        else parse_adaptation(data["adaptation"], len(classes)),
     )
 
 

@@ -1,0 +1,403 @@
+"""Buffered asynchronous aggregation: FedBuff (Nguyen et al., AISTATS 2022) as a mode of
+the round engine, not a second loop (``federation.mode = "buffered"``).
+
+Versions are the engine's rounds: version v is what round v's close publishes, and round
+t = v+1 is open while clients train on version v. Every round start selects the live
+clients; one still training on an older version finishes first and then takes the
+newest start it holds (:mod:`mqttfl.nodes.client` skips the older ones), so clients
+train continuously on the latest version they hold, each at its own speed. An upload of
+round u that arrives while round t is open is τ = t - u versions stale; the gate
+(:class:`BufferGate`) takes any u with τ ≤ ``max_staleness`` into the buffer and refuses
+older ones (reason ``too_stale``, logged ``upload.rejected``). Round t closes as soon as
+the buffer holds ``buffer_size`` uploads (fewer only if fewer clients are live, or at the
+round's deadline), which publishes version t.
+
+Each upload counts with s(τ) (:func:`staleness_weight`): FedBuff's 1/sqrt(1+τ) (Nguyen et
+al. 2022, Sec. 5, "staleness scaling"), or FedAsync's polynomial (1+τ)^-a (Xie et al.
+2019, Sec. 5.2), or 1.
+
+**FedAvg family** (an upload carrying ``weights``): the buffered average of model deltas.
+The engine keeps the broadcast weights of the last ``max_staleness``+1 versions; an
+upload of round u trained from version u-1, so its delta is Δ_k = θ_k - θ^(u-1), and
+the method aggregates θ'_k = θ^(t-1) + s(τ_k)·Δ_k with its own sample weights:
+θ^(t) = θ^(t-1) + Σ_k n_k s(τ_k) Δ_k / Σ_k n_k (FedBuff Algorithm 1 with η_g = 1 and
+sample weights; a stale delta shrinks the step instead of being renormalized away).
+Round 1's uploads have no published base (every client starts from its own seeded
+initial model): at version 1 they are averaged as they are; one that arrives later moves
+the model toward it by s(τ), θ^(t-1) + s(τ)(θ_k - θ^(t-1)) (FedAsync's mixing, Xie et
+al. 2019, Eq. 1, with α·s = s).
+
+**Prototype methods** (an upload carrying ``prototypes``: FedAPA, FedAPA-S, FedProto,
+FedSAP): the engine keeps each client's latest prototype set with the round it was
+trained in; when the buffer fills it aggregates over the latest set of every client
+within ``max_staleness`` (not only the buffer's), each set down-weighted by s(τ_j)
+through :attr:`~mqttfl.algorithms.base.ServerSide.upload_weights`. For FedAPA the
+personalized set is then Q_i^c = Σ_j α_ij^c p_j^c with α_ij^c ∝ s(τ_j)·exp(cos(p_i^c,
+p_j^c)/τ) (Eqs. 5-7) and Eq. 8's padding the s-weighted mean over holders: p_j is the
+newest set client j reported, computed by its model of version u_j - 1, so Q_i is the
+similarity-weighted consensus of the peers' newest sets, of mixed ages, where a set τ
+versions old counts s(τ) times as much as a fresh one of the same similarity (its
+embedding space has drifted from the current one by τ aggregations); it is not the
+prototypes of any one version. Every client in the latest set gets its Q_i.
+
+Crash-resume: the version counter is the run state's ``round``; the buffer, the latest
+sets and the version history ride in the checkpoint (``RunState.buffered``), which the
+engine asks to be written after every accepted upload (:class:`Keep`) as well as at
+every close.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mqttfl.algorithms.base import Algorithm, Context, Upload
+from mqttfl.algorithms.weights import group_key
+from mqttfl.config import FederationConfig, RunConfig
+from mqttfl.engine.aggregate import aggregate_checked
+from mqttfl.engine.gate import UploadGate
+from mqttfl.engine.rounds import Action, Clock, Close, Keep, Phase, RoundEngine
+from mqttfl.engine.state import RunState
+from mqttfl.errors import DataError, RejectedUpload, WireError
+from mqttfl.wire import Topics
+from mqttfl.wire.control import encode_downlinks, read_envelope
+from mqttfl.wire.ids import client_order
+from mqttfl.wire.schemas import ClientInfo
+
+__all__ = ["BufferGate", "BufferedEngine", "Keep", "make_engine", "staleness_weight"]
+
+
+def staleness_weight(tau: int, fed: FederationConfig) -> float:
+    """s(τ) of ``federation.staleness_weighting`` (see the module docstring)."""
+    if tau < 0:
+        raise ValueError(f"staleness {tau} < 0")
+    if fed.staleness_weighting == "fedbuff":
+        return 1.0 / math.sqrt(1.0 + tau)
+    if fed.staleness_weighting == "polynomial":
+        return float((1.0 + tau) ** -fed.staleness_exponent)
+    return 1.0
+
+
+@dataclass(frozen=True)
+class Entry:
+    round: int  # the round the upload was trained for (on version round - 1)
+    upload: Upload
+    bytes: int
+
+
+@dataclass
+class BufferGate(UploadGate):
+    """The upload gate of buffered mode: uploads of any of the last ``max_staleness``+1
+    rounds, each (round, client) once, from a client selected in that round."""
+
+    max_staleness: int = 0
+    entries: dict[tuple[int, str], Entry] = field(default_factory=dict)  # the buffer
+    asked: dict[int, frozenset[str]] = field(default_factory=dict)  # selected, per round
+    taken: set[tuple[int, str]] = field(default_factory=set)  # aggregated already
+    ended: bool = False  # after the last version: nothing more is taken
+
+    def current(self) -> int:
+        """The round an upload's staleness is counted from (the next one while closed)."""
+        return self.round if self.open else self.round + 1
+
+    def open_round(self, t: int, selected: list[str], *, keep: bool) -> None:
+        self.round, self.open = t, True
+        self.asked[t] = frozenset(selected) | self.asked.get(t, frozenset())
+        self.selected = self.asked[t]
+        low = t - self.max_staleness
+        self.asked = {u: s for u, s in self.asked.items() if u >= low}
+        self.taken = {k for k in self.taken if k[0] >= low}
+        self.accepted = {c: e.upload for (u, c), e in self.entries.items() if u == t}
+        self.accepted_bytes = {c: e.bytes for (u, c), e in self.entries.items() if u == t}
+
+    def close_buffer(self) -> list[Entry]:
+        self.open = False
+        entries = sorted(
+            self.entries.values(), key=lambda e: (e.round, client_order(e.upload.client_id))
+        )
+        self.taken |= set(self.entries)
+        self.entries = {}
+        return entries
+
+    def _screen(self, t: int, client: str, size: int) -> None:
+        if size > self.max_bytes:
+            raise WireError("oversize", f"{size} bytes exceeds the limit of {self.max_bytes}")
+        if self.ended:
+            raise WireError("stale", f"upload for round {t} after the last version")
+        if t > self.round:
+            raise WireError("future", f"upload for round {t} while round {self.round} is newest")
+        staleness = self.current() - t
+        if staleness > self.max_staleness:
+            raise WireError(
+                "too_stale",
+                f"upload for round {t} is {staleness} versions old "
+                f"(federation.max_staleness={self.max_staleness})",
+            )
+        if (t, client) in self.entries or (t, client) in self.taken:
+            raise WireError("duplicate", f"client {client!r} already uploaded for round {t}")
+
+    def _check(self, t: int, client: str, raw: bytes, info: ClientInfo | None) -> Upload:
+        self._screen(t, client, len(raw))
+        message = read_envelope(raw, "upload", self.run_id, sender=client, round=t, max_bytes=None)
+        if info is None:
+            raise WireError("unknown_client", f"client {client!r} never announced itself")
+        if client not in self.asked.get(t, frozenset()):
+            raise WireError("not_selected", f"client {client!r} is not selected in round {t}")
+        self.schema_for(info).validate(message.body)
+        return Upload(client, info, message.body)
+
+    def check(
+        self, t: int, topic_client: str, raw: bytes, info: ClientInfo | None, wire_bytes: int = -1
+    ) -> Upload:
+        try:
+            upload = self._check(t, topic_client, raw, info)
+        except WireError as exc:
+            self.rejections[exc.reason] += 1
+            raise RejectedUpload(exc.reason, exc.detail) from None
+        size = wire_bytes if wire_bytes >= 0 else len(raw)
+        self.entries[(t, topic_client)] = Entry(t, upload, size)
+        if t == self.round:
+            self.accepted[topic_client] = upload
+            self.accepted_bytes[topic_client] = size
+        return upload
+
+
+def _info_dict(info: ClientInfo) -> dict[str, Any]:
+    return asdict(info)
+
+
+def _info(data: dict[str, Any]) -> ClientInfo:
+    return ClientInfo(
+        client_id=str(data["client_id"]),
+        arch=str(data["arch"]),
+        classes=tuple(int(c) for c in data["classes"]),
+        num_samples=int(data["num_samples"]),
+        sample_shape=tuple(int(s) for s in data["sample_shape"]),
+        site=str(data.get("site", "")),
+    )
+
+
+def _entry_dict(entry: Entry) -> dict[str, Any]:
+    upload = entry.upload
+    return {
+        "round": entry.round,
+        "client": upload.client_id,
+        "info": _info_dict(upload.info),
+        "body": upload.body,
+        "bytes": entry.bytes,
+    }
+
+
+def _entry(data: dict[str, Any]) -> Entry:
+    info = _info(data["info"])
+    upload = Upload(str(data["client"]), info, dict(data["body"]))
+    return Entry(int(data["round"]), upload, int(data["bytes"]))
+
+
+class BufferedEngine(RoundEngine):
+    """The round engine in buffered mode: the same phases and events, with the buffer's
+    gate, its own close (staleness-weighted) and a checkpoint after every upload."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        algorithm: Algorithm,
+        ctx: Context,
+        *,
+        clock: Clock,
+        state: RunState | None = None,
+        records: list[dict[str, Any]] | None = None,
+    ) -> None:
+        super().__init__(config, algorithm, ctx, clock=clock, state=state, records=records)
+        self.gate = self.buffer = BufferGate(
+            algorithm,
+            ctx,
+            config.run_id,
+            self.fed.max_upload_bytes,
+            self.state.rejections,
+            round=self.state.round,
+            max_staleness=self.fed.max_staleness,
+        )
+        # version -> its broadcast weights by architecture group (FedAvg family)
+        self.versions: dict[int, dict[str, np.ndarray]] = {}
+        self.latest: dict[str, Entry] = {}  # client -> its newest prototype upload
+        self.staleness: Counter[int] = Counter()  # τ of every aggregated upload
+        self.client_staleness: dict[str, int] = {}  # τ of each client's newest upload
+        self.dirty = False
+        try:
+            self._restore(self.state.buffered)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError("checkpoint", f"its buffered state does not load: {exc}") from None
+        self.buffer.ended = self.round > config.rounds
+
+    # --- the checkpoint --------------------------------------------------------------------
+    def _restore(self, saved: dict[str, Any]) -> None:
+        if not saved:
+            return
+        for entry in map(_entry, saved["buffer"]):
+            self.buffer.entries[(entry.round, entry.upload.client_id)] = entry
+        self.latest = {e.upload.client_id: e for e in map(_entry, saved["latest"])}
+        self.versions = {
+            int(v): {str(k): np.asarray(w) for k, w in groups.items()}
+            for v, groups in saved["versions"].items()
+        }
+        self.buffer.asked = {int(u): frozenset(map(str, c)) for u, c in saved["asked"].items()}
+        self.buffer.taken = {(int(u), str(c)) for u, c in saved["taken"]}
+        self.staleness = Counter({int(k): int(n) for k, n in saved["staleness"].items()})
+        self.client_staleness = {str(c): int(s) for c, s in saved["client_staleness"].items()}
+
+    def _saved(self) -> dict[str, Any]:
+        return {
+            "buffer": [_entry_dict(e) for e in self.buffer.entries.values()],
+            "latest": [_entry_dict(e) for e in self.latest.values()],
+            "versions": {v: dict(groups) for v, groups in self.versions.items()},
+            "asked": {u: sorted(c, key=client_order) for u, c in self.buffer.asked.items()},
+            "taken": sorted([u, c] for u, c in self.buffer.taken),
+            "staleness": dict(self.staleness),
+            "client_staleness": dict(self.client_staleness),
+        }
+
+    def checkpoint(self) -> dict[str, Any]:
+        self.state.buffered = self._saved()
+        return self.state.to_dict(self.config)
+
+    # --- events ------------------------------------------------------------------------
+    def on_upload(self, t: int, client: str, raw: bytes, wire_bytes: int = -1) -> Upload:
+        upload = super().on_upload(t, client, raw, wire_bytes)
+        self.client_staleness[client] = self.buffer.current() - t
+        self.dirty = True
+        return upload
+
+    def step(self) -> list[Action]:
+        actions = super().step()
+        if self.dirty and not any(isinstance(a, Close) for a in actions):
+            actions.append(Keep(self.checkpoint()))
+        self.dirty = False
+        return actions
+
+    def buffer_target(self) -> int:
+        """Uploads that close the round: buffer_size, or all the live clients if fewer."""
+        return max(1, min(self.fed.buffer_size, len(self.live())))
+
+    # --- the loop ----------------------------------------------------------------------
+    def _advance(self, now: float, actions: list[Action]) -> bool:
+        if self.phase is not Phase.OPEN:
+            return super()._advance(now, actions)
+        if self.broker_down:
+            return False
+        if len(self.buffer.entries) < self.buffer_target() and now < self.deadline:
+            return False
+        if self.buffer.entries:
+            actions.append(self._close(now))
+            return True
+        self._retry(now, "no upload in the buffer by the deadline")
+        return True
+
+    def _weighted(self, t: int, entries: list[Entry]) -> tuple[list[Upload], dict[str, float]]:
+        """What the method aggregates for round t, and each upload's s(τ)."""
+        low = t - self.fed.max_staleness
+        fresh: list[Entry] = []
+        for entry in entries:
+            if "prototypes" in entry.upload.body:
+                self.latest[entry.upload.client_id] = entry  # the newest set of each client
+            else:
+                fresh.append(entry)
+        self.latest = {c: e for c, e in self.latest.items() if e.round >= low}
+        chosen = fresh + sorted(
+            self.latest.values(), key=lambda e: client_order(e.upload.client_id)
+        )
+        weights = {e.upload.client_id: staleness_weight(t - e.round, self.fed) for e in chosen}
+        return [self._delta(t, e, weights[e.upload.client_id]) for e in chosen], weights
+
+    def _delta(self, t: int, entry: Entry, s: float) -> Upload:
+        """θ^(t-1) + s·(θ_k - θ^(u-1)) for a weights upload of round u (module docstring)."""
+        upload = entry.upload
+        if "weights" not in upload.body:
+            return upload
+        key = group_key(upload.info)
+        base, now = self.versions.get(entry.round - 1, {}), self.versions.get(t - 1, {})
+        theta = upload.body["weights"]
+        if key not in now or now[key].shape != theta.shape:
+            return upload  # version 1 (nothing published yet): averaged as it is
+        if key in base and base[key].shape == theta.shape:
+            moved = now[key] + np.float32(s) * (theta - base[key])
+        else:  # its base (version 0) was never published: FedAsync's mixing, θ toward θ_k
+            moved = now[key] + np.float32(s) * (theta - now[key])
+        return Upload(upload.client_id, upload.info, {**upload.body, "weights": moved})
+
+    def _close(self, now: float) -> Close:
+        t, state = self.round, self.state
+        entries = self.buffer.close_buffer()
+        for entry in entries:
+            self.staleness[t - entry.round] += 1
+            state.uploads[entry.upload.client_id] += 1  # [privacy]'s accountant counts them
+            state.comm["up_bytes"] += entry.bytes
+            state.comm["up_count"] += 1
+        uploads, weights = self._weighted(t, entries)
+        self.server.upload_weights = weights
+        try:
+            downlinks = aggregate_checked(self.server, t, uploads, state.rejections, self.log)
+        finally:
+            self.server.upload_weights = {}
+        groups = downlinks.broadcast.get("weights")
+        if isinstance(groups, dict):
+            self.versions[t] = {str(k): np.asarray(v) for k, v in groups.items()}
+        self.versions = {
+            v: g for v, g in self.versions.items() if v >= t - self.fed.max_staleness - 1
+        }
+        payloads = encode_downlinks(self.config.run_id, t, downlinks.broadcast, downlinks.personal)
+        topics = Topics(self.config.run_id)
+        for client in self.live():
+            personal = payloads.personal.get(client, b"")
+            state.comm["down_bytes"] += self._wire(len(payloads.broadcast), topics.down_all(t))
+            state.comm["down_bytes"] += self._wire(len(personal), topics.down(t, client))
+            state.comm["down_count"] += 1
+        state.round, state.downlinks = t, payloads
+        state.server = self.server.state_dict()
+        state.clients = sorted(self.clients, key=client_order)
+        log = {
+            "version": t,
+            "uploads": len(entries),
+            "aggregated": len(uploads),
+            "staleness": {e.upload.client_id: t - e.round for e in entries},
+            **self._progress(t - 1),
+        }
+        self.round, self.attempt = t + 1, 1
+        if self.round > self.config.rounds:
+            self.phase, self.phase_until = Phase.FINAL, now + self.fed.final_metrics_timeout_s
+            self.buffer.ended = True
+        else:
+            self._wait_for_live(now)
+        self.dirty = False
+        return Close(t, payloads, self.checkpoint(), log)
+
+    def summary(self) -> dict[str, Any]:
+        summary = super().summary()
+        summary["buffered"] = {
+            "versions": self.state.round,
+            "buffer_size": self.fed.buffer_size,
+            "max_staleness": self.fed.max_staleness,
+            "staleness_weighting": self.fed.staleness_weighting,
+            "staleness": {str(k): n for k, n in sorted(self.staleness.items())},
+            "too_stale": self.state.rejections.get("too_stale", 0),
+            "client_staleness": dict(sorted(self.client_staleness.items())),  # newest upload's τ
+        }
+        return summary
+
+
+def make_engine(
+    config: RunConfig,
+    algorithm: Algorithm,
+    ctx: Context,
+    *,
+    clock: Clock,
+    state: RunState | None = None,
+    records: list[dict[str, Any]] | None = None,
+) -> RoundEngine:
+    """The engine of ``federation.mode``: synchronous rounds, or buffered."""
+    kind = BufferedEngine if config.federation.mode == "buffered" else RoundEngine
+    return kind(config, algorithm, ctx, clock=clock, state=state, records=records)

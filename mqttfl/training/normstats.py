@@ -1,0 +1,119 @@
+"""BatchNorm statistics re-estimated on a set of windows, exactly and in bounded memory.
+
+The adapted statistics of a set X (AdaBN: Li et al., "Revisiting Batch Normalization For
+Practical Domain Adaptation", ICLR-W 2017), as FedAPA-S and the deployed sensor compute
+them: for each BatchNorm layer k in forward order, the per-channel mean and unbiased
+variance of layer k's input over all of X, where the layers before k already normalize
+with their adapted statistics. Each layer takes one pass over X in bounded batches,
+accumulating each channel's count, sum and sum of squares in float64
+(:class:`~mqttfl.adaptation.moments.MomentSums`), so the result is the same however X is
+batched, and a layer's pass stops at that layer. Every weight, and the affine γ and β, is
+kept. The sensor repeats the same passes with onnxruntime (:mod:`mqttfl.sensing.adapt`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mqttfl.adaptation.moments import MomentSums
+from mqttfl.training.lazy import lazy_import, no_grad
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from mqttfl.models import EmbeddingModel
+else:
+    torch = lazy_import("torch")
+    nn = lazy_import("torch.nn")
+
+Statistics = list[tuple[np.ndarray, np.ndarray]]
+
+
+class _Reached(Exception):
+    """Stops a forward pass once the layer being measured has seen its input."""
+
+
+def norm_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    """The model's BatchNorm layers in forward order (the models are sequential)."""
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def _running(layer: nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    if layer.running_mean is None or layer.running_var is None:
+        raise ValueError("a BatchNorm layer without running statistics (track_running_stats)")
+    return layer.running_mean, layer.running_var
+
+
+def trained_statistics(model: nn.Module) -> Statistics:
+    """Each BatchNorm layer's running (mean, var) as float64 arrays."""
+    return [
+        (
+            layer.running_mean.detach().double().numpy().copy(),
+            layer.running_var.detach().double().numpy().copy(),
+        )
+        for layer in norm_layers(model)
+        if layer.running_mean is not None and layer.running_var is not None
+    ]
+
+
+@no_grad
+def layer_input_sums(
+    model: EmbeddingModel, x: np.ndarray, batch_size: int, layer_index: int = 0
+) -> MomentSums:
+    """Channel sums of the input of BatchNorm layer ``layer_index`` over ``x``, the model
+    in eval mode (the layers before it normalize with the statistics they hold)."""
+    layer = norm_layers(model)[layer_index]
+    sums = MomentSums(layer.num_features)
+
+    def hook(_: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        sums.add_values(inputs[0].detach().double().numpy())
+        raise _Reached
+
+    was_training = model.training
+    model.eval()
+    handle = layer.register_forward_pre_hook(hook)
+    try:
+        for start in range(0, len(x), max(1, batch_size)):
+            with contextlib.suppress(_Reached):
+                model.embed(torch.from_numpy(np.ascontiguousarray(x[start : start + batch_size])))
+    finally:
+        handle.remove()
+        model.train(was_training)
+    return sums
+
+
+@no_grad
+def set_statistics(model: nn.Module, stats: Statistics) -> None:
+    """Write (mean, var) into each BatchNorm layer's running statistics, in place."""
+    layers = norm_layers(model)
+    if len(layers) != len(stats):
+        raise ValueError(f"{len(stats)} statistics for {len(layers)} normalization layers")
+    for layer, (mean, var) in zip(layers, stats, strict=True):
+        _running(layer)[0].copy_(torch.from_numpy(np.asarray(mean, np.float64)))
+        _running(layer)[1].copy_(torch.from_numpy(np.asarray(var, np.float64)))
+
+
+def adapted_statistics(model: EmbeddingModel, x: np.ndarray, batch_size: int) -> Statistics:
+    """The adapted (mean, var) of every BatchNorm layer on ``x`` (module docstring)."""
+    work = copy.deepcopy(model)
+    stats: Statistics = []
+    for k in range(len(norm_layers(work))):
+        mean, var = layer_input_sums(work, x, batch_size, k).moments()
+        stats.append((mean, var))
+        with torch.no_grad():
+            running_mean, running_var = _running(norm_layers(work)[k])
+            running_mean.copy_(torch.from_numpy(mean))
+            running_var.copy_(torch.from_numpy(var))
+    return stats
+
+
+def with_statistics(model: EmbeddingModel, stats: Statistics) -> EmbeddingModel:
+    """A copy of ``model`` normalizing with ``stats``, in eval mode."""
+    adapted = copy.deepcopy(model)
+    set_statistics(adapted, stats)
+    return adapted.eval()
