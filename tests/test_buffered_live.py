@@ -4,7 +4,9 @@ restarted on its run dir, and an upload older than ``max_staleness`` versions.""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,10 +85,26 @@ def test_an_upload_older_than_max_staleness_is_rejected_with_its_reason(
     with buffered(tmp_path, broker, "federation.max_staleness=1") as fed:
         fed.start()
         fed.wait_round_closed(1)
-        t = fed.wait_training("2", fed.last_closed() + 1)["round"]
-        fed.stop("2")  # a slow device: paused mid-training while the others go on
-        fed.wait_round_closed(t + 2, timeout=60)
-        fed.cont("2")
+
+        def started_since(seen: int) -> list[dict[str, Any]]:
+            return fed.events("2", "training.started")[seen:]
+
+        def outcome_of(t: int) -> list[str] | None:
+            return fed.outcomes().get((t, "2"))
+
+        t = 0
+        for _ in range(5):  # a short training can upload before the pause lands: try again
+            seen = len(fed.events("2", "training.started"))
+            began = fed.wait_for(
+                partial(started_since, seen), timeout=60, what="client 2 to start a training"
+            )
+            t = int(began[0]["round"])
+            fed.stop("2")  # a slow device: paused mid-training while the others go on
+            fed.wait_round_closed(t + 2, timeout=60)
+            fed.cont("2")
+            outcome = fed.wait_for(partial(outcome_of, t), timeout=60, what="client 2's upload")
+            if "upload.rejected:too_stale" in outcome:
+                break
         summary = fed.finish(timeout=120)
     rejected = [e for e in fed.events(event="upload.rejected") if e["reason"] == "too_stale"]
     assert any(e["client"] == "2" and e["round"] == t for e in rejected)
