@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from mqttfl.config import RunConfig
 from mqttfl.engine.journal import Journal, mean_over_clients, read_checkpoint, summarize_clients
 from mqttfl.errors import DataError, MqttflError
@@ -202,6 +204,18 @@ def _server_loads(state: RunState, config: RunConfig, *, source: Path) -> None:
         raise DataError(
             source, f"its {config.method} server state does not load: {one_line(exc)}"
         ) from None
+
+
+def round_progress(records: list[dict[str, Any]], clients: int, t: int) -> dict[str, Any]:
+    """The mean accuracy and MAE of round t's metrics so far (for ``round.closed``)."""
+    rows = [r for r in records[-4 * max(clients, 1) :] if r["round"] == t]
+    if not rows:
+        return {}
+    return {
+        "evaluated_round": t,
+        "mean_accuracy": round(float(np.mean([r["accuracy"] for r in rows])), 4),
+        "mean_mae": round(float(np.mean([r["mae"] for r in rows])), 3),
+    }
 
 
 def run_summary(

@@ -337,6 +337,10 @@ class ClientRunner:
                 detail=exc.detail,
                 train_loss=round(float(loss), 4),
             )
+            # Tell the coordinator, so that the round does not wait for us to its deadline.
+            notice = Ack(t, self.client_id, start.announcement, exc.reason[:64] or "refused")
+            topic = self.topics.ack(t, self.client_id)
+            await self.bus.publish(topic, notice.encode(self.config.run_id), timeout=30)
             return
         payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
         async with self._uploading:
