@@ -12,7 +12,7 @@ import numpy as np
 
 from mqttfl.config import RunConfig
 from mqttfl.engine.journal import Journal, mean_over_clients, read_checkpoint, summarize_clients
-from mqttfl.errors import DataError, MqttflError
+from mqttfl.errors import DataError, StateError
 from mqttfl.files import JsonLines, one_line, set_aside, set_aside_tail
 from mqttfl.privacy.accountant import privacy_summary
 from mqttfl.wire.control import DownlinkPayloads
@@ -71,7 +71,7 @@ class RunState:
         """Raise MqttflError if the checkpoint belongs to another run or method, and
         DataError naming ``source`` and the field if it is malformed."""
         if data.get("run_id") != config.run_id or data.get("method") != config.method:
-            raise MqttflError(
+            raise StateError(
                 f"{source}: belongs to run {str(data.get('run_id'))[:80]!r} "
                 f"({str(data.get('method'))[:80]}); use another --out"
             )
@@ -188,7 +188,7 @@ def check_resume(journal: Journal, config: RunConfig) -> Resume:
             continue
         break
     if state is None and problems:
-        raise MqttflError(f"cannot resume: {'; '.join(problems)}")
+        raise StateError(f"cannot resume: {'; '.join(problems)}")
     records, metrics = journal.read_metrics()
     return Resume(state, records if state is not None else [], metrics, unusable)
 

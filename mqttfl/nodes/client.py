@@ -36,7 +36,7 @@ from mqttfl.bus.refusal import Refused
 from mqttfl.bus.transport import Bus, Incoming
 from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
-from mqttfl.errors import BrokerError, MqttflError, WireError
+from mqttfl.errors import BrokerError, MqttflError, StateError, WireError
 from mqttfl.logs import get_logger
 from mqttfl.nodes.client_inbox import Received, read_for_client
 from mqttfl.nodes.client_privacy import announced, privacy_allows
@@ -246,7 +246,7 @@ class ClientRunner:
         before (a silent exit 0 would look like success)."""
         first, self.state_seen = not self.state_seen, True
         if first and status.phase == "finished" and self.progress.applied_round < status.round:
-            raise MqttflError(finished_text(self.config.run_id, status, self.broker))
+            raise StateError(finished_text(self.config.run_id, status, self.broker))
 
     # --- acting --------------------------------------------------------------------------
     async def _worker(self) -> None:
