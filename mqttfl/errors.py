@@ -1,14 +1,28 @@
 """The error tree of mqttfl.
 
     MqttflError                 base of every error mqttfl raises on purpose
+    ├── UsageError              a command-line option or argument that is wrong, or a
+    │                           combination the command cannot take (names the option)
     ├── ConfigError             a bad config key or value (names the dotted key)
     ├── DataError               a missing, unreadable or malformed data file (names the path)
+    ├── FileError               another file or directory that is missing, unusable or not
+    │                           what it should be (a run directory, a credentials file)
+    ├── StateError              what is already there forbids it: a live coordinator, a
+    │                           finished run, another run's checkpoint or client state
+    ├── ModelError              a model or method cannot do what is asked of it
     ├── WireError               a message that cannot be decoded or is not permitted
     │   └── RejectedUpload      an upload the coordinator refuses (carries the reason)
-    ├── RunAborted              the run cannot go on (too few clients after every retry)
+    ├── FrameError              a sensor frame that cannot be read (also a ValueError)
+    ├── RunAborted              the run cannot go on (too few clients after every retry,
+    │                           a process of the run failed)
     └── BrokerError             the broker could not be started or reached
+        └── Refused             the broker refused our login, a subscription or a publish
+                                (:mod:`mqttfl.bus.refusal`)
 
-User errors are caught at the CLI edge and printed as one line, never a traceback.
+Every raise under ``mqttfl/`` names one of the subclasses (``tests/test_errors_tree.py``
+checks it, and that every exception class defined under ``mqttfl/`` descends from
+:class:`MqttflError`). User errors are caught at the CLI edge as :class:`MqttflError` and
+printed as one line, never a traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +30,11 @@ from __future__ import annotations
 
 class MqttflError(Exception):
     """Base class of all deliberate mqttfl errors."""
+
+
+class UsageError(MqttflError):
+    """A command-line option or argument is wrong, or goes with one it cannot; the
+    message names the option."""
 
 
 class ConfigError(MqttflError):
@@ -32,6 +51,21 @@ class DataError(MqttflError):
     def __init__(self, path: object, message: str) -> None:
         self.path = str(path)
         super().__init__(f"{self.path}: {message}")
+
+
+class FileError(MqttflError):
+    """A file or directory (not a data file) is missing, unusable or not what it should
+    be: a run directory, a credentials file, an output directory; the message names it."""
+
+
+class StateError(MqttflError):
+    """What is already there forbids the request: a live coordinator of the run, a
+    finished run, a checkpoint or client state of another run or config."""
+
+
+class ModelError(MqttflError):
+    """A model or method cannot do what is asked (a weight vector of another shape, an
+    export the architecture has nothing for)."""
 
 
 class WireError(MqttflError):
@@ -54,8 +88,18 @@ class RejectedUpload(WireError):
     client: str | None = None
 
 
+class FrameError(MqttflError, ValueError):
+    """A sensor frame that cannot be read; ``reason`` is the counter key. Also a
+    ValueError, as it was when it lived in :mod:`mqttfl.sensing.frames`."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason = reason
+        super().__init__(detail)
+
+
 class RunAborted(MqttflError):
-    """The run cannot go on (too few clients after every retry, no aggregate possible)."""
+    """The run cannot go on (too few clients after every retry, no aggregate possible,
+    a process of the run failed)."""
 
 
 class BrokerError(MqttflError):

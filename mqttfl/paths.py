@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mqttfl.errors import MqttflError
+from mqttfl.errors import FileError
 
 
 def creation_problem(path: Path) -> str | None:
@@ -40,5 +40,5 @@ def make_dir(path: Path, *, what: str) -> Path:
         except OSError as exc:
             problem = exc.strerror or str(exc)
     if problem is not None:
-        raise MqttflError(f"{what} {path}: cannot create the directory: {problem}")
+        raise FileError(f"{what} {path}: cannot create the directory: {problem}")
     return path

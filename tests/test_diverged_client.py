@@ -3,8 +3,9 @@
 Its weights leave the method's bound (or turn non-finite): the client's schema check
 refuses to publish them, logs ``upload.refused`` with the reason, rolls back to the state
 it had before the round (so the next round does not start from the diverged model) and
-does not train that round again when the start is repeated. The coordinator closes each
-round without it at the deadline, and every process exits 0.
+does not train that round again when the start is repeated. It tells the coordinator it
+cannot train the round (an acknowledgement carrying ``cannot_train``), so each round
+closes without it at once, not at its deadline (issue 34), and every process exits 0.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from mqttfl.provisioning.local_broker import LocalBroker
-from tests.faults import RUN_ID, Federation
+from tests.faults import RUN_ID, Federation, timestamp
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +30,7 @@ def test_a_diverging_client_refuses_its_upload_and_the_run_completes(
         broker,
         clients=3,
         rounds=rounds,
-        overrides=["method=fedavg", "federation.round_timeout_s=6", "federation.min_clients=2"],
+        overrides=["method=fedavg", "federation.round_timeout_s=60", "federation.min_clients=2"],
         client_overrides={"2": ["train.lr=1e12"]},  # one step past any bound
     ) as fed:
         fed.start()
@@ -44,6 +45,11 @@ def test_a_diverging_client_refuses_its_upload_and_the_run_completes(
         (closed,) = fed.closed_rounds()[t]
         assert closed["missing"] == ["2"], closed
         assert closed["uploads"] == 2
+        # closed on client 2's notice, long before the 60 s deadline
+        assert timestamp(closed) - max(map(timestamp, fed.started(t))) < 30
+    notices = fed.events(event="round.client_refused")
+    assert [(e["round"], e["client"]) for e in notices] == [(t, "2") for t in range(1, rounds + 1)]
+    assert all(e["reason"].startswith("cannot_train: ") for e in notices), notices
     for healthy in ("0", "1"):
         assert len(fed.events(healthy, "upload.sent")) == rounds
     assert summary["rounds_completed"] == rounds

@@ -9,8 +9,9 @@ import pytest
 from mqttfl.data.capture import load_capture
 from mqttfl.data.espectre import ESPECTRE_CHIPS, espectre_recordings, espectre_shard
 from mqttfl.data.preprocess import split_windows_by_time
+from mqttfl.errors import FrameError
 from mqttfl.export.sensor import preprocess_from_shard
-from mqttfl.sensing.frames import FrameError, decode_frame
+from mqttfl.sensing.frames import decode_frame
 from mqttfl.sensing.pipeline import Windower, capture_rows
 from mqttfl.sensing.spec import Preprocess
 from tests._shared_data import require_shared

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from mqttfl.algorithms.base import Context, Upload
-from mqttfl.errors import MqttflError
+from mqttfl.errors import ModelError
 from mqttfl.models.sizes import weight_count
 from mqttfl.training.lazy import lazy_import
 from mqttfl.wire.schemas import ClientInfo
@@ -33,7 +33,7 @@ def load_weights(model: nn.Module, flat: np.ndarray) -> None:
     entries = _float_entries(model)
     expected = sum(v.numel() for _, v in entries)
     if flat.shape != (expected,):
-        raise MqttflError(f"weight vector has shape {flat.shape}, model needs ({expected},)")
+        raise ModelError(f"weight vector has shape {flat.shape}, model needs ({expected},)")
     state = {}
     offset = 0
     for name, value in entries:

@@ -81,9 +81,9 @@ TAKEOVER_WINDOW_S = 10.0
 NEVER_EXPIRES = 0xFFFFFFFF  # MQTT 5 session expiry: as MQTT 3.1.1's persistent session
 
 
-class ClosedBeforeConnack(aiomqtt.MqttError):
+class ClosedBeforeConnack(BrokerError, aiomqtt.MqttError):
     """The broker closed the connection without answering CONNECT (RabbitMQ < 3.13 does
-    this to MQTT 5)."""
+    this to MQTT 5). An aiomqtt error, so the reconnect loop takes it as one."""
 
 
 class Bus:

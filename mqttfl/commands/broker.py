@@ -10,7 +10,7 @@ from typing import Any
 from mqttfl.bus.address import BrokerAddress
 from mqttfl.config import load_config
 from mqttfl.data.sources import client_id_problem
-from mqttfl.errors import MqttflError
+from mqttfl.errors import FileError, UsageError
 from mqttfl.provisioning.broker_init import (
     DEFAULT_MAX_PACKET,
     WATCH,
@@ -87,7 +87,7 @@ def check_ids_for_config(clients: list[str], config_path: str) -> str:
     for client in clients:
         problem = client_id_problem(config.data, client, num_clients=wanted)
         if problem is not None:
-            raise MqttflError(f"{config_path}: {problem}")
+            raise UsageError(f"{config_path}: {problem}")
     expected = [str(i) for i in range(wanted)]
     if all(is_numeric_id(c) for c in clients):
         uncovered = [c for c in expected if c not in clients]
@@ -149,13 +149,13 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
 def _edge_bridge(args: argparse.Namespace) -> EdgeBridge | None:
     if args.site is None:
         if args.central or args.bridge_credentials:
-            raise MqttflError("--central and --bridge-credentials go with --site")
+            raise UsageError("--central and --bridge-credentials go with --site")
         return None
     if not args.central or not args.bridge_credentials:
-        raise MqttflError("--site needs --central URL and --bridge-credentials FILE")
+        raise UsageError("--site needs --central URL and --bridge-credentials FILE")
     central = BrokerAddress.parse(args.central)
     if not args.bridge_credentials.is_file():
-        raise MqttflError(f"{args.bridge_credentials}: file not found")
+        raise FileError(f"{args.bridge_credentials}: file not found")
     env = read_env_file(args.bridge_credentials)
     return EdgeBridge.from_env(
         args.site, central.host, central.port, env, source=args.bridge_credentials

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.config import RunConfig
-from mqttfl.errors import BrokerError, MqttflError
+from mqttfl.errors import BrokerError, MqttflError, UsageError
 from mqttfl.logs import configure_logging
 
 RESOLVE_TIMEOUT_S = 10.0
@@ -102,10 +102,10 @@ def broker_url(text: str) -> str:
     try:
         address = BrokerAddress.parse(text)
     except BrokerError as exc:
-        raise MqttflError(f"--broker {text!r}: {exc}, e.g. mqtt://127.0.0.1:1883") from None
+        raise UsageError(f"--broker {text!r}: {exc}, e.g. mqtt://127.0.0.1:1883") from None
     problem = resolve(address.host, address.port, timeout=RESOLVE_TIMEOUT_S)
     if problem is not None:
-        raise MqttflError(f"--broker {text!r}: cannot resolve host {address.host!r}: {problem}")
+        raise UsageError(f"--broker {text!r}: cannot resolve host {address.host!r}: {problem}")
     if "://" not in text:
         sys.stderr.write(f"mqttfl: note: --broker {text!r} has no scheme: taken as {address}\n")
     return str(address)
@@ -114,7 +114,7 @@ def broker_url(text: str) -> str:
 def broker_address(args: argparse.Namespace) -> BrokerAddress:
     """The required ``--broker``, checked."""
     if not args.broker:
-        raise MqttflError("--broker is required, e.g. --broker mqtt://127.0.0.1:1883")
+        raise UsageError("--broker is required, e.g. --broker mqtt://127.0.0.1:1883")
     return BrokerAddress.parse(broker_url(args.broker))
 
 

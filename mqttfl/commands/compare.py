@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mqttfl.algorithms import algorithm_names
-from mqttfl.errors import MqttflError
+from mqttfl.errors import UsageError
 from mqttfl.evaluation.compare import ComparePlan, compare
 
 
@@ -54,7 +54,7 @@ def add_compare_command(subparsers: Any) -> None:
 def _parse_list(text: str, what: str) -> list[str]:
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items:
-        raise MqttflError(f"--{what} needs at least one value")
+        raise UsageError(f"--{what} needs at least one value")
     return items
 
 
@@ -63,7 +63,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         seeds = [int(s) for s in _parse_list(args.seeds, "seeds")]
     except ValueError:
-        raise MqttflError(
+        raise UsageError(
             f"--seeds must be integers separated by commas, got {args.seeds!r}"
         ) from None
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")

@@ -21,7 +21,7 @@ from mqttfl.data.inspect import format_inspection, inspect_shard, parse_subcarri
 from mqttfl.data.labels import parse_classes
 from mqttfl.data.sessions import SPLITS
 from mqttfl.data.shard_builder import DEFAULT_WINDOW, GROUPINGS, prepare_shards
-from mqttfl.errors import MqttflError
+from mqttfl.errors import UsageError
 
 # ----------------------------------------------------------------------------- CLI
 
@@ -85,7 +85,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             overwrite=args.force,
         )
     except ValueError as exc:  # a bad option value (label pattern, --features with a binary format)
-        raise MqttflError(f"data prepare: {exc}") from None
+        raise UsageError(f"data prepare: {exc}") from None
     for d in dirs:
         s = inspect_shard(d)
         sys.stdout.write(

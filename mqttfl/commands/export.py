@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mqttfl.errors import MqttflError
+from mqttfl.errors import FileError, UsageError
 
 
 def add_export_command(subparsers: Any) -> None:
@@ -37,10 +37,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if args.all:
         if args.data is not None:
-            raise MqttflError("--data names one client's shard; use it with --client")
+            raise UsageError("--data names one client's shard; use it with --client")
         clients = run_clients(run_summary(args.run_dir))
         if not clients:
-            raise MqttflError(f"{args.run_dir}: summary.json lists no clients")
+            raise FileError(f"{args.run_dir}: summary.json lists no clients")
         targets = [(c, args.out / f"client-{c}") for c in clients]
     else:
         targets = [(args.client, args.out)]

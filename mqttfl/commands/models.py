@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from mqttfl.errors import MqttflError
+from mqttfl.errors import UsageError
 
 
 def add_models_command(subparsers: Any) -> None:
@@ -25,9 +25,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     try:
         height, width = (int(v) for v in args.input.lower().split("x"))
     except ValueError:
-        raise MqttflError(
-            f"--input must look like HxW, e.g. 1000x242, got {args.input!r}"
-        ) from None
+        raise UsageError(f"--input must look like HxW, e.g. 1000x242, got {args.input!r}") from None
     rows = describe_models(args.num_classes, (height, width), embed_dim=args.embed_dim)
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mqttfl.commands.common import broker_url, positive
-from mqttfl.errors import MqttflError
+from mqttfl.errors import FileError, UsageError
 from mqttfl.sensing.adapt import DEFAULT_BUFFER, DEFAULT_EVERY, DEFAULT_HORIZON_S
 
 
@@ -101,15 +101,15 @@ def cmd_sense(args: argparse.Namespace) -> int:
             check_name(args.name)
         check_discovery_prefix(args.discovery_prefix)
     except ValueError as exc:
-        raise MqttflError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     if args.readings is not None and args.readings < 1:
-        raise MqttflError("--readings must be a positive whole number")
+        raise UsageError("--readings must be a positive whole number")
     password = os.environ.get("MQTTFL_SENSE_PASSWORD")
     if args.password_file is not None:
         try:
             password = args.password_file.read_text().strip()
         except OSError as exc:
-            raise MqttflError(f"--password-file {args.password_file}: {exc.strerror}") from None
+            raise FileError(f"--password-file {args.password_file}: {exc.strerror}") from None
     broker = BrokerAddress.parse(broker_url(args.broker)) if args.broker else None
     options = SenseOptions(
         directory=args.directory,

@@ -12,7 +12,7 @@ from rich.console import Console
 from mqttfl.bus.transport import Bus
 from mqttfl.commands.common import broker_address, credentials
 from mqttfl.config import load_config
-from mqttfl.errors import MqttflError, WireError
+from mqttfl.errors import StateError, UsageError, WireError
 from mqttfl.logs import configure_logging
 from mqttfl.monitor.buffered import buffer_watch
 from mqttfl.monitor.view import ONCE_LISTEN_S, FederationView, run_watch, watch_topics
@@ -45,7 +45,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             buffer=buffer_watch(config),
         )
     except WireError as exc:
-        raise MqttflError(f"--run {args.run!r}: {exc.detail}") from None
+        raise UsageError(f"--run {args.run!r}: {exc.detail}") from None
     broker = broker_address(args)
     # The bus's reconnect warnings would tear the screen; the view shows the connection.
     configure_logging(None, level="error")
@@ -59,7 +59,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     )
     asyncio.run(run_watch(view, bus, Console(), once=args.once))
     if args.once and view.phase == "unknown" and not view.clients:
-        raise MqttflError(
+        raise StateError(
             f"--run {args.run!r}: the broker {broker} holds nothing of this run (no state, "
             f"no client status in {ONCE_LISTEN_S:.0f} s); is the run id right, and has its "
             "coordinator started?"

@@ -280,8 +280,10 @@ class BufferedEngine(RoundEngine):
         return actions
 
     def buffer_target(self) -> int:
-        """Uploads that close the round: buffer_size, or all the live clients if fewer."""
-        return max(1, min(self.fed.buffer_size, len(self.live())))
+        """Uploads that close the round: buffer_size, or all the live clients if fewer,
+        not counting those refused in this round (:mod:`mqttfl.engine.selection`)."""
+        live = self.live()
+        return max(1, min(self.fed.buffer_size, len(live) - len(self.refused.among(live))))
 
     # --- the loop ----------------------------------------------------------------------
     def _advance(self, now: float, actions: list[Action]) -> bool:

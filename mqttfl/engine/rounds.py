@@ -2,7 +2,8 @@
 
 Each round: select a seeded fraction of the live, responsive clients; open the round
 (the :class:`Announce` action); gather uploads until every selected client has uploaded,
-left (its last will), or never acknowledged the start within ``ack_timeout_s``, or the
+left (its last will), or never acknowledged the start within ``ack_timeout_s``, or had
+its upload refused or said it cannot train (:mod:`mqttfl.engine.selection`), or the
 deadline passes; aggregate if at least ``min_clients`` uploads arrived, else re-announce
 (up to ``max_round_attempts``); check the aggregate (an upload that makes it non-finite
 is dropped, not the round); hand the encoded downlinks and the checkpoint to the caller
@@ -25,15 +26,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-import numpy as np
-
 from mqttfl.algorithms.base import Algorithm, Context, ServerSide, Upload
 from mqttfl.config import RunConfig
 from mqttfl.engine.aggregate import aggregate_checked
 from mqttfl.engine.gate import UploadGate
+from mqttfl.engine.selection import Refusals, select_clients
 from mqttfl.engine.sites import SiteNotices
-from mqttfl.engine.state import RunState, run_summary
-from mqttfl.errors import RunAborted, WireError
+from mqttfl.engine.state import RunState, round_progress, run_summary
+from mqttfl.errors import RejectedUpload, RunAborted, WireError
 from mqttfl.logs import get_logger
 from mqttfl.wire import Topics
 from mqttfl.wire.chunks import framed_size, payload_budget
@@ -113,15 +113,6 @@ class Phase(Enum):
 WAITING_FOR_CLIENTS = (Phase.JOINING, Phase.WAITING)  # client.online lines name who is missing
 
 
-def select_clients(
-    live: list[str], *, fraction: float, min_clients: int, seed: int, t: int, attempt: int
-) -> list[str]:
-    """A seeded sample of ceil(fraction·|live|) clients, never fewer than min_clients."""
-    k = min(len(live), max(min_clients, math.ceil(fraction * len(live))))
-    rng = np.random.default_rng([seed, t, attempt])
-    return sorted(rng.choice(sorted(live), size=k, replace=False).tolist(), key=client_order)
-
-
 class RoundEngine:
     def __init__(
         self,
@@ -152,6 +143,7 @@ class RoundEngine:
         self.attempt = 1
         self.selected: list[str] = []
         self.acked: set[str] = set()
+        self.refused = Refusals()  # selected clients of this round that will not upload
         self.announcement = 0
         self.deadline = self.ack_deadline = self.phase_until = 0.0
         self.last_offline = -math.inf
@@ -219,11 +211,18 @@ class RoundEngine:
         self._alive(ack.client_id)
         if self.phase is Phase.OPEN and ack.round == self.round:
             self.acked.add(ack.client_id)
+            if ack.cannot_train:
+                self._refused(ack.round, ack.client_id, f"cannot_train: {ack.cannot_train}")
 
     def on_upload(self, t: int, client: str, raw: bytes, wire_bytes: int = -1) -> Upload:
-        """Accept an upload or raise RejectedUpload (counted in the run state)."""
+        """Accept an upload or raise RejectedUpload (counted in the run state; the first
+        refusal of a selected client's upload for the open round ends the wait for it)."""
         record = self.clients.get(client)
-        upload = self.gate.check(t, client, raw, record.info if record else None, wire_bytes)
+        try:
+            upload = self.gate.check(t, client, raw, record.info if record else None, wire_bytes)
+        except RejectedUpload as exc:
+            self._refused(t, client, exc.reason)
+            raise
         self._alive(client)
         self.acked.add(client)
         return upload
@@ -245,6 +244,11 @@ class RoundEngine:
         record = {"round": t, "client_id": client, **metrics.values}
         self.records.append(record)
         return record
+
+    def _refused(self, t: int, client: str, reason: str) -> None:
+        """Count a selected client's refusal once for the open round t (selection.py)."""
+        if self.phase is Phase.OPEN and self.refused.add(self.gate, t, client, reason):
+            self.log.warning("round.client_refused", round=t, client=client, reason=reason)
 
     def metrics_repeat(self, t: int, client: str) -> bool:
         """O(1), before decoding: ``client``'s metrics of round ``t`` are in already."""
@@ -398,6 +402,7 @@ class RoundEngine:
             earlier = set(self.gate.selected) - set(self.gate.accepted)
             selected = sorted(set(selected) | (earlier & set(self.live())), key=client_order)
         self.gate.open_round(t, selected, keep=attempt > 1)
+        self.refused.open(t)
         self.selected = selected
         self.acked = set(self.gate.accepted)
         self.deadline = now + self.fed.round_timeout_s
@@ -427,7 +432,9 @@ class RoundEngine:
             return False  # nothing can arrive or leave; the bus reconnects
         if now >= self.deadline:
             return True
-        pending = [c for c in self.selected if c not in self.gate.accepted]
+        pending = [
+            c for c in self.selected if c not in self.gate.accepted and c not in self.refused
+        ]
         gone = [c for c in pending if not self.clients[c].online]
         alive = [c for c in pending if self.clients[c].online]
         if now < self.grace_until and gone:
@@ -496,14 +503,7 @@ class RoundEngine:
         return framed_size(size, payload_budget(limit, topic)) if limit else size
 
     def _progress(self, t: int) -> dict[str, Any]:
-        rows = [r for r in self.records[-4 * max(len(self.clients), 1) :] if r["round"] == t]
-        if not rows:
-            return {}
-        return {
-            "evaluated_round": t,
-            "mean_accuracy": round(float(np.mean([r["accuracy"] for r in rows])), 4),
-            "mean_mae": round(float(np.mean([r["mae"] for r in rows])), 3),
-        }
+        return round_progress(self.records, len(self.clients), t)
 
     def summary(self) -> dict[str, Any]:
         return run_summary(self.config, self.state, self.records)

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from mqttfl.config import RunConfig
 from mqttfl.engine.journal import Journal, mean_over_clients, read_checkpoint, summarize_clients
-from mqttfl.errors import DataError, MqttflError
+from mqttfl.errors import DataError, StateError
 from mqttfl.files import JsonLines, one_line, set_aside, set_aside_tail
 from mqttfl.privacy.accountant import privacy_summary
 from mqttfl.wire.control import DownlinkPayloads
@@ -69,7 +71,7 @@ class RunState:
         """Raise MqttflError if the checkpoint belongs to another run or method, and
         DataError naming ``source`` and the field if it is malformed."""
         if data.get("run_id") != config.run_id or data.get("method") != config.method:
-            raise MqttflError(
+            raise StateError(
                 f"{source}: belongs to run {str(data.get('run_id'))[:80]!r} "
                 f"({str(data.get('method'))[:80]}); use another --out"
             )
@@ -186,7 +188,7 @@ def check_resume(journal: Journal, config: RunConfig) -> Resume:
             continue
         break
     if state is None and problems:
-        raise MqttflError(f"cannot resume: {'; '.join(problems)}")
+        raise StateError(f"cannot resume: {'; '.join(problems)}")
     records, metrics = journal.read_metrics()
     return Resume(state, records if state is not None else [], metrics, unusable)
 
@@ -202,6 +204,18 @@ def _server_loads(state: RunState, config: RunConfig, *, source: Path) -> None:
         raise DataError(
             source, f"its {config.method} server state does not load: {one_line(exc)}"
         ) from None
+
+
+def round_progress(records: list[dict[str, Any]], clients: int, t: int) -> dict[str, Any]:
+    """The mean accuracy and MAE of round t's metrics so far (for ``round.closed``)."""
+    rows = [r for r in records[-4 * max(clients, 1) :] if r["round"] == t]
+    if not rows:
+        return {}
+    return {
+        "evaluated_round": t,
+        "mean_accuracy": round(float(np.mean([r["accuracy"] for r in rows])), 4),
+        "mean_mae": round(float(np.mean([r["mae"] for r in rows])), 3),
+    }
 
 
 def run_summary(

@@ -32,7 +32,7 @@ from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.config import load_config
 from mqttfl.data.shapes import sample_shape_problem
 from mqttfl.data.sources import labels_are_ordinal
-from mqttfl.errors import MqttflError
+from mqttfl.errors import UsageError
 from mqttfl.evaluation.compare_entries import (
     SETTINGS,
     RunResult,
@@ -73,7 +73,7 @@ def check_plan(plan: ComparePlan) -> list[tuple[str, str, int]]:
         get_algorithm(method_name(method))  # ConfigError naming the known methods
     unknown = sorted(set(plan.settings) - set(SETTINGS))
     if unknown:
-        raise MqttflError(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
+        raise UsageError(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
     runs = [(s, m, seed) for s in plan.settings for m in plan.methods for seed in plan.seeds]
     for setting, method, seed in runs:  # every config must load before anything starts
         make_context(load_config(plan.config, run_overrides(plan.overrides, setting, method, seed)))

@@ -9,7 +9,7 @@ hears from the others, so the clients train here, in this process, side by side 
 worker threads (as a fleet trains its clients). Each is built and trained by the code a
 Local client runs (:mod:`mqttfl.nodes.device`: the same shard, architecture, initial
 weights and ``[train]`` recipe, the same per-round batch order), trains in the rounds the
-coordinator would select it for (:func:`~mqttfl.engine.rounds.select_clients`, first
+coordinator would select it for (:func:`~mqttfl.engine.selection.select_clients`, first
 attempts), is evaluated on its test split after each of the last five rounds (the
 others are never scored), and is scored like the run's summary: each metric's mean over
 those rounds
@@ -169,7 +169,7 @@ def train_local_reference(
     where processes can fork; in threads with ``workers`` (or where they cannot)."""
     from mqttfl.algorithms import get_algorithm, make_context
     from mqttfl.config import PrivacyConfig
-    from mqttfl.engine.rounds import select_clients
+    from mqttfl.engine.selection import select_clients
 
     # Local uploads nothing, so [privacy] has nothing to protect in it (and no mechanism)
     local = config.model_copy(update={"method": "local", "privacy": PrivacyConfig()})

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from mqttfl.engine.journal import read_metrics_file, read_summary
-from mqttfl.errors import MqttflError
+from mqttfl.errors import FileError
 from mqttfl.evaluation.table import run_split, shows_mae
 from mqttfl.files import write_atomic
 from mqttfl.wire.ids import client_order
@@ -63,13 +63,13 @@ def find_runs(paths: list[Path]) -> list[RunData]:
     found: list[Path] = []
     for path in paths:
         if not path.is_dir():
-            raise MqttflError(f"not a directory: {path}")
+            raise FileError(f"not a directory: {path}")
         if (path / "summary.json").is_file():
             found.append(path)
         else:
             found.extend(sorted(p.parent for p in path.rglob("summary.json")))
     if not found:
-        raise MqttflError(f"no run directory (with summary.json) in {', '.join(map(str, paths))}")
+        raise FileError(f"no run directory (with summary.json) in {', '.join(map(str, paths))}")
     runs = []
     for path in dict.fromkeys(found):
         summary = read_summary(path / "summary.json")

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mqttfl.errors import MqttflError
+from mqttfl.errors import ModelError
 from mqttfl.models.base import EmbeddingModel
 from mqttfl.sensing.adapt import Adapter, stat_matrix
 from mqttfl.sensing.adaptive_spec import AdaptationSpec
@@ -199,7 +199,7 @@ def export_adapting(
 
     model: EmbeddingModel = method.model
     if not norm_layers(model):
-        raise MqttflError(
+        raise ModelError(
             f"model {model.arch} has no BatchNorm layer: nothing adapts its statistics, "
             "so its method's adapt_norm cannot be exported"
         )

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mqttfl.errors import DataError, MqttflError
+from mqttfl.errors import DataError, UsageError
 from mqttfl.export.sensor import class_names, preprocess_from_shard
 from mqttfl.sensing.spec import MODEL_FILE, SensorSpec
 from mqttfl.wire.ids import check_id, client_order
@@ -146,7 +146,7 @@ def export_client(
     summary = run_summary(run_dir)
     known = run_clients(summary)
     if known and client_id not in known:
-        raise MqttflError(f"--client {client_id}: run {run_dir} has clients {', '.join(known)}")
+        raise UsageError(f"--client {client_id}: run {run_dir} has clients {', '.join(known)}")
     try:
         config = RunConfig.model_validate(summary["config"])
     except Exception as exc:

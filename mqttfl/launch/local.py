@@ -27,7 +27,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from mqttfl.config import RunConfig
-from mqttfl.errors import MqttflError
+from mqttfl.errors import RunAborted, UsageError
 from mqttfl.logs import get_logger
 from mqttfl.provisioning.broker_init import WATCH
 from mqttfl.provisioning.local_broker import LocalBroker, free_port
@@ -191,7 +191,7 @@ class LocalFederation:
         self._check_local_data()
         num_clients = self.config.federation.num_clients
         if self.fleets is not None and not 1 <= self.fleets <= num_clients:
-            raise MqttflError(
+            raise UsageError(
                 f"--fleets {self.fleets}: between 1 and federation.num_clients ({num_clients})"
             )
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -208,7 +208,7 @@ class LocalFederation:
             with self._monitor():
                 code = self._wait_coordinator()
             if code != 0:
-                raise MqttflError(
+                raise RunAborted(
                     f"the coordinator failed (exit {code}); see {self.out_dir / 'logs'}"
                 )
             self._wait_clients(CHILD_GRACE_S)
@@ -255,14 +255,14 @@ class LocalFederation:
                 logs = self.out_dir / "logs"
                 if 0 not in codes.values():
                     self.log.error("clients.all_exited", exit_codes=codes)
-                    raise MqttflError(
+                    raise RunAborted(
                         f"every client exited ({_describe_exits(codes)}) while the "
                         f"coordinator was still running; see their logs in {logs}"
                     )
                 all_gone_since = all_gone_since or time.monotonic()
                 if time.monotonic() - all_gone_since > grace:
                     self.log.error("coordinator.lingering", exit_codes=codes)
-                    raise MqttflError(
+                    raise RunAborted(
                         f"every client exited, and the coordinator was still running "
                         f"{grace:.0f} s later; see {logs}"
                     )

@@ -36,7 +36,7 @@ from mqttfl.bus.refusal import Refused
 from mqttfl.bus.transport import Bus, Incoming
 from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
-from mqttfl.errors import BrokerError, MqttflError, WireError
+from mqttfl.errors import BrokerError, MqttflError, StateError, WireError
 from mqttfl.logs import get_logger
 from mqttfl.nodes.client_inbox import Received, read_for_client
 from mqttfl.nodes.client_privacy import announced, privacy_allows
@@ -246,7 +246,7 @@ class ClientRunner:
         before (a silent exit 0 would look like success)."""
         first, self.state_seen = not self.state_seen, True
         if first and status.phase == "finished" and self.progress.applied_round < status.round:
-            raise MqttflError(finished_text(self.config.run_id, status, self.broker))
+            raise StateError(finished_text(self.config.run_id, status, self.broker))
 
     # --- acting --------------------------------------------------------------------------
     async def _worker(self) -> None:
@@ -337,6 +337,10 @@ class ClientRunner:
                 detail=exc.detail,
                 train_loss=round(float(loss), 4),
             )
+            # Tell the coordinator, so that the round does not wait for us to its deadline.
+            notice = Ack(t, self.client_id, start.announcement, exc.reason[:64] or "refused")
+            topic = self.topics.ack(t, self.client_id)
+            await self.bus.publish(topic, notice.encode(self.config.run_id), timeout=30)
             return
         payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
         async with self._uploading:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.config import RunConfig
-from mqttfl.errors import MqttflError
+from mqttfl.errors import MqttflError, StateError
 
 
 def run_client_device(
@@ -47,7 +47,7 @@ def run_client_device(
         )
         where = f"; --state-dir {state_dir} holds {', '.join(saved)[:200]}" if saved else ""
         detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-        raise MqttflError(
+        raise StateError(
             f"client {client_id!r} could not start ({type(exc).__name__}: {detail}){where}: "
             "state saved by another config or run? Move it aside or give this run its own "
             "--state-dir"

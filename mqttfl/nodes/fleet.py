@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.transport import Bus
 from mqttfl.config import RunConfig
-from mqttfl.errors import BrokerError, MqttflError
+from mqttfl.errors import BrokerError, MqttflError, UsageError
 from mqttfl.logs import get_logger
 from mqttfl.provisioning.broker_init import read_env_file
 from mqttfl.wire import check_id
@@ -66,7 +66,7 @@ def parse_ids(text: str) -> list[str]:
     for raw in text.split(","):
         item = raw.strip()
         if not item:
-            raise MqttflError(f"--ids {text!r}: an empty item (write e.g. 0-9,12,20-29)")
+            raise UsageError(f"--ids {text!r}: an empty item (write e.g. 0-9,12,20-29)")
         low, dash, high = item.partition("-")
         if dash and (is_numeric_id(low) or not low or not high):
             ids += _expand(item, low, high, room=MAX_IDS - len(ids))
@@ -74,30 +74,30 @@ def parse_ids(text: str) -> list[str]:
             try:
                 ids.append(check_id(item))
             except MqttflError as exc:
-                raise MqttflError(f"--ids: {exc}") from None
+                raise UsageError(f"--ids: {exc}") from None
         if len(ids) > MAX_IDS:
-            raise MqttflError(f"--ids: more than {MAX_IDS} clients")
+            raise UsageError(f"--ids: more than {MAX_IDS} clients")
     seen: set[str] = set()
     for client in ids:
         if client in seen:
-            raise MqttflError(f"--ids {text!r}: client {client!r} is listed twice")
+            raise UsageError(f"--ids {text!r}: client {client!r} is listed twice")
         if client == COORDINATOR:
-            raise MqttflError(f"--ids: '{COORDINATOR}' is the coordinator's identity")
+            raise UsageError(f"--ids: '{COORDINATOR}' is the coordinator's identity")
         seen.add(client)
     return ids
 
 
 def _expand(item: str, low: str, high: str, *, room: int) -> list[str]:
     if not (is_numeric_id(low) and is_numeric_id(high)):
-        raise MqttflError(f"--ids: {item!r} is not a range of two numbers, like 20-29")
+        raise UsageError(f"--ids: {item!r} is not a range of two numbers, like 20-29")
     first, last = int(low), int(high)
     if last < first:
-        raise MqttflError(f"--ids: the range {item!r} runs backwards")
+        raise UsageError(f"--ids: the range {item!r} runs backwards")
     if last - first + 1 > room:
-        raise MqttflError(f"--ids: more than {MAX_IDS} clients")
+        raise UsageError(f"--ids: more than {MAX_IDS} clients")
     width = len(low) if len(low) > 1 and low.startswith("0") else 0
     if width and len(high) != width:
-        raise MqttflError(f"--ids: the zero-padded range {item!r} needs ends of equal width")
+        raise UsageError(f"--ids: the zero-padded range {item!r} needs ends of equal width")
     return [f"{n:0{width}d}" if width else str(n) for n in range(first, last + 1)]
 
 
@@ -128,7 +128,7 @@ def format_ids(ids: Sequence[str]) -> str:
 def split_ids(ids: Sequence[str], parts: int) -> list[list[str]]:
     """``ids`` in ``parts`` contiguous blocks whose sizes differ by at most one."""
     if not 1 <= parts <= len(ids):
-        raise MqttflError(f"cannot place {len(ids)} clients in {parts} fleets")
+        raise UsageError(f"cannot place {len(ids)} clients in {parts} fleets")
     size, extra = divmod(len(ids), parts)
     blocks, start = [], 0
     for index in range(parts):
@@ -150,7 +150,7 @@ def check_ids(config: RunConfig, ids: Sequence[str]) -> None:
     for client in ids:
         problem = client_id_problem(config.data, client, num_clients=config.federation.num_clients)
         if problem is not None:
-            raise MqttflError(f"--ids: {problem}")
+            raise UsageError(f"--ids: {problem}")
 
 
 def runner_credentials(
@@ -161,10 +161,10 @@ def runner_credentials(
     if directory is None:
         return dict.fromkeys(ids, base)
     if not directory.is_dir():
-        raise MqttflError(f"--credentials-dir {directory} is not a directory")
+        raise UsageError(f"--credentials-dir {directory} is not a directory")
     missing = [client for client in ids if not (directory / f"{client}.env").is_file()]
     if missing:
-        raise MqttflError(
+        raise UsageError(
             f"--credentials-dir {directory}: no {missing[0]}.env "
             f"({len(missing)} of the {len(ids)} clients have none; `mqttfl broker init` "
             "writes one per identity)"
@@ -202,7 +202,7 @@ class Fleet:
         workers: int | None = None,
     ) -> None:
         if workers is not None and workers < 1:
-            raise MqttflError(f"--workers {workers}: at least one worker is needed")
+            raise UsageError(f"--workers {workers}: at least one worker is needed")
         self.config = config
         self.broker = broker
         self.ids = list(ids)

@@ -30,7 +30,7 @@ from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.probe import clear_retained, read_retained
 from mqttfl.bus.transport import Bus
 from mqttfl.config import RunConfig
-from mqttfl.errors import MqttflError, RunAborted, WireError
+from mqttfl.errors import RunAborted, StateError, WireError
 from mqttfl.logs import get_logger
 from mqttfl.wire import Topics
 from mqttfl.wire.control import RunStatus, read_run_status
@@ -89,7 +89,7 @@ async def claim_run(
     if lease is not None and lease.live:
         wait_s = will_window(config)
         if await holder_answers(config, broker, credentials=credentials, wait_s=wait_s):
-            raise MqttflError(
+            raise StateError(
                 f"run {run!r} already has a live coordinator ({lease.describe()}) on {broker}: "
                 "a run has one coordinator. Stop that one first (a restarted one resumes "
                 "from its --out), or give this run a new id (--set run_id=NEW)"
@@ -106,9 +106,9 @@ async def claim_run(
     summary = out_dir / "summary.json"
     if finished and not clear:
         assert status is not None
-        raise MqttflError(finished_text(run, status, broker))
+        raise StateError(finished_text(run, status, broker))
     if clear and summary.exists():
-        raise MqttflError(
+        raise StateError(
             f"--clear-run: --out {out_dir} holds a finished run ({summary}); "
             "give the fresh run a new --out"
         )

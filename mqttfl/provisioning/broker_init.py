@@ -41,7 +41,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mqttfl.errors import BrokerError, MqttflError
+from mqttfl.errors import BrokerError, StateError, UsageError
 from mqttfl.paths import make_dir
 from mqttfl.provisioning.sites import (
     EdgeBridge,
@@ -94,20 +94,20 @@ class BrokerSetup:
 
 def client_ids(*, clients: int | None = None, ids: str | None = None) -> list[str]:
     if (clients is None) == (ids is None):
-        raise MqttflError("give exactly one of --clients N or --ids a,b,c")
+        raise UsageError("give exactly one of --clients N or --ids a,b,c")
     if clients is not None:
         names = [str(i) for i in range(clients)]
     else:
         assert ids is not None
         names = [s.strip() for s in ids.split(",")]
     if not names or (clients is not None and clients < 1):
-        raise MqttflError("at least one client identity is needed")
+        raise UsageError("at least one client identity is needed")
     for name in names:
         check_id(name)
         if name in (COORDINATOR, WATCH):
-            raise MqttflError(f"'{name}' is the {name} identity, not a client id")
+            raise UsageError(f"'{name}' is the {name} identity, not a client id")
     if len(set(names)) != len(names):
-        raise MqttflError("client ids must be unique")
+        raise UsageError("client ids must be unique")
     return names
 
 
@@ -227,7 +227,7 @@ def write_password_file(path: Path, passwords: dict[str, str]) -> None:
     """Hash all identities in one mosquitto_passwd call (-U rewrites a plain file in place)."""
     for user, password in passwords.items():
         if ":" in user or "\n" in password:
-            raise MqttflError(f"identity {user!r} cannot go into a password file")
+            raise UsageError(f"identity {user!r} cannot go into a password file")
     _write_private(path, "".join(f"{user}:{password}\n" for user, password in passwords.items()))
     try:
         _run([_tool("mosquitto_passwd"), "-U", str(path)], cwd=path.parent)
@@ -336,14 +336,14 @@ def init_broker(
     ``unprivileged``: a mosquitto started as root drops to an unprivileged user (who
     then owns the files it needs), where that user can reach ``out``."""
     if port is not None and not 1 <= port <= 65535:
-        raise MqttflError(f"--port {port} is not a port number in 1-65535")
+        raise UsageError(f"--port {port} is not a port number in 1-65535")
     if port is None:
         port = 8883 if tls else 1883
     if max_packet_bytes < 1024:
-        raise MqttflError("--max-packet-bytes must be at least 1024")
+        raise UsageError("--max-packet-bytes must be at least 1024")
     out = out.resolve()
     if (out / "passwd").exists() and not force:
-        raise MqttflError(
+        raise StateError(
             f"{out} already holds a broker setup; pass --force to replace its credentials"
         )
     make_dir(out, what="--out")
@@ -351,7 +351,7 @@ def init_broker(
     bridges = bridges or {}
     for site, members in bridges.items():
         if not set(members) <= set(clients):
-            raise MqttflError(
+            raise UsageError(
                 f"--bridge {site}: ids {sorted(set(members) - set(clients))} are not clients"
             )
     passwords = {

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqttfl.errors import MqttflError
+from mqttfl.errors import FileError, UsageError
 from mqttfl.wire import BROADCAST, check_id
 
 BRIDGE_PREFIX = "site-"
@@ -39,17 +39,17 @@ def parse_bridges(items: list[str]) -> dict[str, list[str]]:
     for item in items:
         site, sep, ids = item.partition("=")
         if not sep or not ids.strip():
-            raise MqttflError(f"--bridge {item!r} must look like SITE=ID,ID,...")
+            raise UsageError(f"--bridge {item!r} must look like SITE=ID,ID,...")
         check_id(site.strip(), "site")
         if site.strip() in bridges:
-            raise MqttflError(f"--bridge names site {site.strip()!r} twice")
+            raise UsageError(f"--bridge names site {site.strip()!r} twice")
         bridges[site.strip()] = [check_id(c.strip()) for c in ids.split(",")]
     return bridges
 
 
 def _base(run_id: str | None) -> str:
     if not run_id:
-        raise MqttflError("bridged sites need --run-id (the bridge's topics name the run)")
+        raise UsageError("bridged sites need --run-id (the bridge's topics name the run)")
     return f"mqttfl/{check_id(run_id, 'run id')}"
 
 
@@ -100,9 +100,9 @@ class EdgeBridge:
         try:
             username, password = env["MQTTFL_BROKER__USERNAME"], env["MQTTFL_BROKER__PASSWORD"]
         except KeyError as exc:
-            raise MqttflError(f"{source}: lacks {exc.args[0]}") from None
+            raise FileError(f"{source}: lacks {exc.args[0]}") from None
         if username != bridge_identity(site):
-            raise MqttflError(
+            raise FileError(
                 f"{source} holds {username!r}'s credentials, not {bridge_identity(site)!r}'s"
             )
         return cls(site, host, port, username, password, env.get("MQTTFL_BROKER__TLS_CA"))

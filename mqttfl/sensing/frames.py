@@ -28,21 +28,13 @@ import msgpack
 import numpy as np
 
 from mqttfl.data.capture_esp32 import esp_iq_to_complex, parse_esp32_csv_tolerant
-from mqttfl.errors import DataError
+from mqttfl.errors import DataError, FrameError
 from mqttfl.sensing.spec import Preprocess
 
 MAX_FRAME_BYTES = 64 * 1024  # an ESP frame is a few hundred bytes
 # Radios give int8 (ESP32, Intel 5300) or int16 (nexmon) I/Q; far past that, a value can
 # only overflow the float32 features (amplitude, normalization) into inf or NaN.
 MAX_IQ = 1e9
-
-
-class FrameError(ValueError):
-    """A frame that cannot be read; ``reason`` is the counter key."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        self.reason = reason
-        super().__init__(detail)
 
 
 def _iq_values(value: object) -> np.ndarray:

@@ -37,8 +37,8 @@ import numpy as np
 
 from mqttfl.bus.transport import Incoming
 from mqttfl.data.capture import fft_order_index
-from mqttfl.errors import DataError
-from mqttfl.sensing.frames import FrameError, decode_frame
+from mqttfl.errors import DataError, FrameError
+from mqttfl.sensing.frames import decode_frame
 from mqttfl.sensing.pipeline import Window, Windower, frame_rows
 from mqttfl.sensing.spec import Preprocess
 

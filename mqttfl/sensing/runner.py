@@ -40,7 +40,7 @@ import numpy as np
 
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.transport import Bus
-from mqttfl.errors import BrokerError, DataError, MqttflError
+from mqttfl.errors import BrokerError, DataError, MqttflError, UsageError
 from mqttfl.logs import get_logger
 from mqttfl.sensing import adapt_eval
 from mqttfl.sensing.adapt import (
@@ -90,7 +90,7 @@ class Source:
                 or not topic.isprintable()
                 or len(topic.encode("utf-8", "replace")) > MAX_TOPIC_BYTES
             ):
-                raise MqttflError(
+                raise UsageError(
                     f"--input {shown(text)}: name one topic after mqtt: (printable, at most "
                     f"{MAX_TOPIC_BYTES} bytes, no wildcards)"
                 )
@@ -148,7 +148,7 @@ class Sensor:
             name = options.name or default_name(self.spec)
             self.topics = SensorTopics(name, options.discovery_prefix)
         except ValueError as exc:  # a name or prefix no topic can hold: one line
-            raise MqttflError(str(exc)) from None
+            raise UsageError(str(exc)) from None
         self.model = SensorModel(options.directory, self.spec, threads=options.threads)
         self.adapting: StreamAdapter | None = None
         if self.model.adapter is not None:
@@ -173,15 +173,15 @@ class Sensor:
         """Fail before connecting when the source cannot work (each a line naming it)."""
         o = self.options
         if o.evaluate and o.source.kind != "shard":
-            raise MqttflError("--eval needs --input shard:PATH (labelled windows)")
+            raise UsageError("--eval needs --input shard:PATH (labelled windows)")
         if (o.stream or o.curve is not None) and not (o.evaluate and self.adapting):
-            raise MqttflError("--stream and --curve go with --eval of a model that adapts")
+            raise UsageError("--stream and --curve go with --eval of a model that adapts")
         if o.broker is None and not o.evaluate:
-            raise MqttflError(
+            raise UsageError(
                 "--broker is required (the readings go there), e.g. mqtt://127.0.0.1:1883"
             )
         if o.source.kind == "mqtt" and o.broker is None:
-            raise MqttflError("--input mqtt:TOPIC needs --broker")
+            raise UsageError("--input mqtt:TOPIC needs --broker")
         if o.source.kind == "capture":
             path = Path(o.source.target)
             if not path.is_file():
@@ -197,7 +197,7 @@ class Sensor:
         elif o.source.kind == "shard":
             self.shard = read_shard(Path(o.source.target), self.spec)
         elif self.spec.preprocess.kind != "csi-windows":
-            raise MqttflError("--input mqtt:TOPIC needs a model that reads CSI windows")
+            raise UsageError("--input mqtt:TOPIC needs a model that reads CSI windows")
 
     def _birth(self) -> list[tuple[str, bytes, bool]]:
         """What every (re)connect publishes: the discovery config, and ``online`` once the

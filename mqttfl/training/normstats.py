@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mqttfl.adaptation.moments import MomentSums
+from mqttfl.errors import MqttflError
 from mqttfl.training.lazy import lazy_import, no_grad
 
 if TYPE_CHECKING:
@@ -34,8 +35,9 @@ else:
 Statistics = list[tuple[np.ndarray, np.ndarray]]
 
 
-class _Reached(Exception):
-    """Stops a forward pass once the layer being measured has seen its input."""
+class _Reached(MqttflError):
+    """Stops a forward pass once the layer being measured has seen its input (control
+    flow, caught where it is raised; an MqttflError like every exception class here)."""
 
 
 def norm_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:

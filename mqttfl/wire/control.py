@@ -347,27 +347,39 @@ def read_run_status(raw: bytes, *, run_id: str) -> RunStatus:
 # --- acknowledgement ------------------------------------------------------------------
 @dataclass(frozen=True)
 class Ack:
-    """A selected client saw round ``round``'s start: it is alive and will train."""
+    """A selected client saw round ``round``'s start: it is alive and will train.
+
+    With ``cannot_train`` set (a short reason code) it is the client's notice that it
+    trained but will not upload round ``round`` (its own check refused the update), so
+    the round need not wait for it (:mod:`mqttfl.engine.selection`)."""
 
     round: int
     client_id: str
     announcement: int = 0
+    cannot_train: str = ""
 
     def __post_init__(self) -> None:
         round_number(self.round, low=1)
         check_id(self.client_id)
         if not _is_int(self.announcement) or not 0 <= self.announcement < 2**63:
             raise WireError("range", "announcement must be a non-negative 63-bit integer")
+        text_field("cannot_train", self.cannot_train, MAX_KEY_CHARS)
 
     def encode(self, run: str) -> bytes:
-        body = {"announcement": self.announcement}
+        body: dict[str, Any] = {"announcement": self.announcement}
+        if self.cannot_train:
+            body["cannot_train"] = self.cannot_train
         return encode(Message("ack", run, self.round, self.client_id, body))
 
 
 def read_ack(raw: bytes, *, run_id: str, round: int, client: str) -> Ack:
     message = read_envelope(raw, "ack", run_id, sender=client, round=round)
-    body_keys(message.body, {"announcement"})
-    return Ack(message.round, client, message.body["announcement"])
+    body = message.body
+    body_keys(body, {"announcement"}, frozenset({"cannot_train"}))
+    reason = text_field("cannot_train", body.get("cannot_train", ""), MAX_KEY_CHARS)
+    if "cannot_train" in body and not reason:
+        raise WireError("range", "'cannot_train' must name a reason")
+    return Ack(message.round, client, body["announcement"], reason)
 
 
 # --- metrics -----------------------------------------------------------------------------
