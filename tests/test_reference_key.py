@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mqttfl"
 def test_the_key_covers_the_files_that_decide_what_a_local_client_learns() -> None:
     files = {f.relative_to(PACKAGE).as_posix() for f in code_files(PACKAGE)}
     for decides in (
-        "engine/rounds.py",  # which clients train in which round
+        "engine/selection.py",  # which clients train in which round
         "engine/journal.py",  # how rounds are scored
         "wire/ids.py",  # client numbers: seeds, rooms, models
         "algorithms/__init__.py",  # the registry and the [method] table
