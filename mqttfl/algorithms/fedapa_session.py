@@ -102,11 +102,17 @@ def renormalize(
 
 
 def session_fits(
-    model: EmbeddingModel, x: np.ndarray, q: np.ndarray, available: np.ndarray
+    model: EmbeddingModel,
+    x: np.ndarray,
+    q: np.ndarray,
+    available: np.ndarray,
+    adapted: EmbeddingModel | None = None,
 ) -> tuple[float, float]:
-    """(fit to Q_i under the trained statistics, fit under those re-estimated on ``x``)."""
+    """(fit to Q_i under the trained statistics, fit under those re-estimated on ``x``:
+    ``adapted``, where the caller has it already)."""
     trained = prototype_fit(embed_all(model, x), q, available)
-    return trained, prototype_fit(embed_all(renormalize(model, x), x), q, available)
+    adapted = renormalize(model, x) if adapted is None else adapted
+    return trained, prototype_fit(embed_all(adapted, x), q, available)
 
 
 def shift_gate(
@@ -147,28 +153,33 @@ class FedAPASessionClient(FedAPAClient):
 
     def decide(self, x: np.ndarray) -> GateDecision:
         """Whether the windows ``x`` are adapted to, with the gate's figures."""
+        return self._decide(x)[0]
+
+    def _decide(self, x: np.ndarray) -> tuple[GateDecision, EmbeddingModel | None]:
+        """:meth:`decide`, and the model adapted to ``x`` where the gate built it."""
         p: FedAPASessionParams = self.ctx.params
         if not p.adapt_norm or len(x) < p.min_adapt_windows:
-            return GateDecision(False, None, None, None)
+            return GateDecision(False, None, None, None), None
         gate = self.shift_gate() if p.gate else None
         if gate is None or self.q is None or self.available is None:
-            return GateDecision(True, None, None, None)
+            return GateDecision(True, None, None, None), None
         batch = eval_batch_size(self.model, x.shape[1:])
         shift = gate.shift(*layer_input_sums(self.model, x, batch, 0).moments())
         available = self.available.numpy().astype(bool)
-        trained, adapted = session_fits(self.model, x, self.q.numpy(), available)
+        model = renormalize(self.model, x)
+        trained, adapted = session_fits(self.model, x, self.q.numpy(), available, model)
         ratio = fit_ratio(adapted, trained)
-        return GateDecision(gate.adapts(ratio), shift, ratio, gate.threshold)
+        return GateDecision(gate.adapts(ratio), shift, ratio, gate.threshold), model
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """The session's labels from its own unlabeled windows ``x`` (module docstring);
         before any Q_i has arrived, the adapted classifier head."""
         p: FedAPASessionParams = self.ctx.params
-        decision = self.decide(x)
+        decision, model = self._decide(x)
         self.last_decision = decision
         if not decision.adapted:
             return np.asarray(predict_logits(self.model, x).argmax(axis=1))
-        model = renormalize(self.model, x)
+        model = renormalize(self.model, x) if model is None else model
         head: np.ndarray = predict_logits(model, x).argmax(axis=1)
         if p.inference == "head" or self.q is None or self.available is None:
             return head
