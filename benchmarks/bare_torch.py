@@ -71,7 +71,7 @@ def main(argv: list[str]) -> None:
                 logits, _ = model(torch.from_numpy(x[index]))
                 loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(y[index]))
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it untyped
                 optimizer.step()
         model.eval()
         with torch.no_grad():

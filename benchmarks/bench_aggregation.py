@@ -114,7 +114,8 @@ def _child(quick: bool, threads: int | None) -> list[dict[str, Any]]:
     out = subprocess.run(
         cmd, env=env, capture_output=True, text=True, check=True, cwd=REPO, timeout=1800
     )
-    return json.loads(out.stdout)
+    rows: list[dict[str, Any]] = json.loads(out.stdout)
+    return rows
 
 
 def run(quick: bool) -> dict[str, Any]:

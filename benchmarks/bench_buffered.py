@@ -143,7 +143,7 @@ def derive(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _figures(trace: Trace) -> dict[str, Any]:
-    summary = trace.summary or {}
+    summary = trace.summary
     ups = [size for _, _, _, size in trace.uploads]
     return {
         "wall_s": trace.closes[-1][0],
@@ -154,13 +154,13 @@ def _figures(trace: Trace) -> dict[str, Any]:
             for (t, v, _), acc in zip(trace.closes, trace.smoothed, strict=True)
         ],
         "final_accuracy": trace.smoothed[-1],
-        "summary_accuracy": summary.get("mean", {}).get("accuracy"),
+        "summary_accuracy": None if summary is None else summary.mean.accuracy,
         "uploads_accepted": len(ups),
         "uploads_refused": len(trace.rejected),
         "refused_reasons": sorted({r for *_, r in trace.rejected}),
         "up_bytes_per_update": sum(ups) / max(len(ups), 1),
         "down_bytes_per_client_version": sum(trace.down_bytes) / max(len(trace.down_bytes), 1),
-        "staleness": (summary.get("buffered") or {}).get("staleness"),
+        "staleness": summary.buffered.staleness if summary and summary.buffered else None,
         "compute_s": trace.compute_s,
     }
 

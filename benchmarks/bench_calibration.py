@@ -44,7 +44,8 @@ WINDOW = 64
 def _profiles(x: np.ndarray) -> np.ndarray:
     """(n, T, S) windows -> (n, S) mean profiles, each divided by its own mean."""
     profile = x.mean(axis=1)
-    return profile / profile.mean(axis=1, keepdims=True)
+    profiles: np.ndarray = profile / profile.mean(axis=1, keepdims=True)
+    return profiles
 
 
 def _rms(a: np.ndarray, b: np.ndarray) -> float:
@@ -91,7 +92,7 @@ def simulator(device: str, counts: tuple[int, ...]) -> dict[str, Any]:
     for room in range(len(sim.ROOM_NAMES)):
         profile = sim.room_profile(room, seed=0, device=device)
         rng = np.random.default_rng([0, 1, room])
-        scenes = sim._draw_sessions(rng, profile, sim.SESSIONS_PER_COUNT)
+        scenes = sim.draw_sessions(rng, profile, sim.SESSIONS_PER_COUNT)
         rows = []
         for count in counts:
             sessions = []
@@ -99,7 +100,7 @@ def simulator(device: str, counts: tuple[int, ...]) -> dict[str, Any]:
                 n = 12
                 y = np.full(n, count)
                 scene = {k: v[y, np.full(n, day)] for k, v in scenes.items()}
-                sessions.append(_profiles(sim._simulate(rng, profile, y, scene, WINDOW)))
+                sessions.append(_profiles(sim.simulate(rng, profile, y, scene, WINDOW)))
             rows.append(session_ratio(sessions))
         if rows:
             out[f"{room}:{profile.name}:{profile.device.name}"] = {

@@ -77,7 +77,8 @@ def _single_thread(quick: bool) -> list[dict[str, Any]]:
     out = subprocess.run(
         cmd, env=env, capture_output=True, text=True, check=True, cwd=REPO, timeout=3600
     )
-    return json.loads(out.stdout)
+    rows: list[dict[str, Any]] = json.loads(out.stdout)
+    return rows
 
 
 def run(quick: bool) -> dict[str, Any]:

@@ -95,7 +95,8 @@ def downlink_bytes(n: int, sampling: str) -> int:
     return len(payloads.broadcast) + max(len(p) for p in payloads.personal.values())
 
 
-def main() -> None:
+def run(quick: bool) -> dict[str, Any]:
+    """Every row of the study (one size only: ``quick`` changes nothing)."""
     began = time.monotonic()
     rows = []
     for sampling in ("uniform", "strata"):
@@ -111,6 +112,11 @@ def main() -> None:
         "seconds": round(time.monotonic() - began, 1),
         "machine": machine(),
     }
+    return out
+
+
+def main() -> None:
+    out = run(quick=False)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "fedapa_deviation.json").write_text(json.dumps(out, indent=2) + "\n")
 

@@ -99,7 +99,7 @@ def _free_port() -> int:
 
 
 def run_flower(rounds: int, index: int) -> dict[str, Any]:
-    from mqttfl.provisioning.local_broker import _port_open
+    from mqttfl.provisioning.local_broker import port_open
 
     work = WORK / f"peer-flower-{index}"
     if work.exists():
@@ -142,7 +142,7 @@ def run_flower(rounds: int, index: int) -> dict[str, Any]:
                 "server.log",
             )
             deadline = time.monotonic() + 120
-            while not _port_open(port):
+            while not port_open(port):
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(
                         f"Flower server did not start: {(work / 'server.log').read_text()[-2000:]}"

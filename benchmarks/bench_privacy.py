@@ -150,7 +150,8 @@ def run_federation(config: RunConfig, shards: dict[str, Shard], method: str) -> 
 
 # --- the attacks ---------------------------------------------------------------------------
 def _unit(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+    unit: np.ndarray = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+    return unit
 
 
 def _class_means(z: np.ndarray, y: np.ndarray, classes: np.ndarray) -> dict[int, np.ndarray]:

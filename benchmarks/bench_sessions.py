@@ -257,7 +257,8 @@ def adabn_predict(side: ClientSide, x: np.ndarray) -> np.ndarray:
     from mqttfl.algorithms.fedapa_session import renormalize
     from mqttfl.training.loops import predict_logits
 
-    return predict_logits(renormalize(side.model, x), x).argmax(axis=1)
+    labels: np.ndarray = predict_logits(renormalize(side.model, x), x).argmax(axis=1)
+    return labels
 
 
 def federate(

@@ -35,7 +35,8 @@ def serve(args: argparse.Namespace) -> int:
 
     marks: list[dict[str, Any]] = []
 
-    class TimedFedAvg(FedAvg):
+    # flwr lives in .venv-bench only: to mypy (.venv) its classes are Any
+    class TimedFedAvg(FedAvg):  # type: ignore[misc]
         def configure_fit(self, server_round: int, parameters: Any, client_manager: Any) -> Any:
             marks.append({"round": server_round, "fit_configured": time.time()})
             return super().configure_fit(server_round, parameters, client_manager)
@@ -80,7 +81,7 @@ def client(args: argparse.Namespace) -> int:
     from flwr.client import NumPyClient
     from flwr.compat.client.app import start_client
 
-    from mqttfl.algorithms.weights import _float_entries
+    from mqttfl.algorithms.weights import float_entries
     from mqttfl.config import load_config
     from mqttfl.data.sources import load_client_shard
     from mqttfl.models import build_model
@@ -106,7 +107,7 @@ def client(args: argparse.Namespace) -> int:
         input_dim=sample_shape[0] if len(sample_shape) == 1 else None,
     )
     optimizer = make_optimizer(model, config.train)
-    names = [name for name, _ in _float_entries(model)]
+    names = [name for name, _ in float_entries(model)]
 
     def get_weights() -> list[np.ndarray]:
         state = model.state_dict()
@@ -118,7 +119,7 @@ def client(args: argparse.Namespace) -> int:
             strict=False,
         )
 
-    class PeerClient(NumPyClient):
+    class PeerClient(NumPyClient):  # type: ignore[misc]  # flwr: Any to mypy, as above
         def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
             return get_weights()
 

@@ -72,7 +72,8 @@ def _finish(process: subprocess.Popen[bytes], out: Path, timeout: float) -> dict
         raise RuntimeError(f"load client hung; see {out.parent}") from None
     if process.returncode != 0 or not out.exists():
         raise RuntimeError(f"load client failed ({process.returncode}); see {out.parent}")
-    return json.loads(out.read_text())
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
 
 
 def _make_timed_coordinator(config: Any, broker: Any, out_dir: Path) -> Any:
@@ -111,15 +112,15 @@ def _make_timed_coordinator(config: Any, broker: Any, out_dir: Path) -> Any:
 
             self.bus.publish = timed_publish  # type: ignore[method-assign]
 
-        def _handle(self, message: Any) -> None:
+        def process(self, message: Any) -> None:
             before = len(self.gate.accepted)
-            super()._handle(message)
+            super().process(message)
             if "/up/" in message.topic and len(self.gate.accepted) > before:
                 self.accepted_at[int(message.topic.split("/")[3])].append(time.monotonic())
 
-        async def _publish_downlinks(self, t: int, payloads: DownlinkPayloads) -> None:
+        async def publish_downlinks(self, t: int, payloads: DownlinkPayloads) -> None:
             self.marks[t]["downlinks_begin"] = time.monotonic()
-            await super()._publish_downlinks(t, payloads)
+            await super().publish_downlinks(t, payloads)
             self.marks[t]["downlinks_published"] = time.monotonic()
 
     return TimedCoordinator()
@@ -208,14 +209,14 @@ def coordinator_under_load(
         rows.append(row)
     log(
         f"coordinator under load: {method} N={n}, {rounds} rounds in {elapsed:.1f} s, "
-        f"rejections {summary['rejections'] or 'none'}"
+        f"rejections {(summary.rejections if summary else {}) or 'none'}"
     )
     return {
         "n": n,
         "method": method,
         "rounds": rows,
         "elapsed_s": elapsed,
-        "rejections": summary["rejections"],
+        "rejections": summary.rejections if summary else {},
         "load_process_imported_torch": load["torch_imported"],
     }
 

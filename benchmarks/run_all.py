@@ -1,17 +1,17 @@
 """Run the benchmarks, write benchmarks/results/<name>[-quick].json, print the goals.
 
-    python -m benchmarks.run_all [--quick] [--only NAME[,NAME...]]
+    python -m benchmarks.run_all [--quick] [--only NAME[,NAME...] | --all]
 
-Names, in the order they run: codec, aggregation, fanin, coordinator, scale, round,
-bytes, flower, fleet, crossroom, accuracy. Only one federation runs at a time (they run one after another). A
-benchmark that fails is recorded as failed and the others still run; the exit code is 1
-if any failed. The goals table is also written to results/goals[-quick].json.
+The benchmarks, their order and the default set are :data:`benchmarks.registry.BENCHMARKS`
+(``--help`` lists them); every one runs with ``--only NAME``, ``--all`` runs them all. Only
+one federation runs at a time (they run one after another). A benchmark that fails is
+recorded as failed and the others still run; the exit code is 1 if any failed. The goals
+table is also written to results/goals[-quick].json.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -20,20 +20,7 @@ import traceback
 from typing import Any
 
 from benchmarks.common import REPO, RESULTS, log, now_utc, write_result
-
-BENCHMARKS = (
-    "codec",
-    "aggregation",
-    "fanin",
-    "coordinator",
-    "scale",
-    "round",
-    "bytes",
-    "flower",
-    "fleet",
-    "crossroom",
-    "accuracy",
-)
+from benchmarks.registry import BENCHMARKS, BY_NAME, default_names
 
 
 def goals(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -92,34 +79,44 @@ def main() -> int:
     parser.add_argument(
         "--quick", action="store_true", help="small sizes: a smoke check of every benchmark"
     )
-    parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--only",
+        help=f"comma-separated subset of: {', '.join(BY_NAME)} "
+        f"(default: {', '.join(default_names())})",
+    )
+    which.add_argument("--all", action="store_true", help="every benchmark, in order")
     args = parser.parse_args()
     os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
-    names = [n.strip() for n in args.only.split(",")] if args.only else list(BENCHMARKS)
-    unknown = sorted(set(names) - set(BENCHMARKS))
+    if args.only:
+        names = [n.strip() for n in args.only.split(",")]
+    else:
+        names = list(BY_NAME) if args.all else default_names()
+    unknown = sorted(set(names) - set(BY_NAME))
     if unknown:
-        parser.error(f"unknown benchmark(s) {unknown}; known: {', '.join(BENCHMARKS)}")
+        parser.error(f"unknown benchmark(s) {unknown}; known: {', '.join(BY_NAME)}")
     command = (
         "python -m benchmarks.run_all"
         + (" --quick" if args.quick else "")
         + (f" --only {args.only}" if args.only else "")
+        + (" --all" if args.all else "")
     )
     results: dict[str, dict[str, Any]] = {}
     failed: dict[str, str] = {}
     began = time.monotonic()
-    for name in [n for n in BENCHMARKS if n in names]:
+    for bench in [b for b in BENCHMARKS if b.name in names]:
+        name = bench.name
         log(f"=== {name} ===")
         started = time.monotonic()
         try:
-            module = importlib.import_module(f"benchmarks.bench_{name}")
-            data = module.run(args.quick)
+            data = bench.run(args.quick)
         except Exception:
             failed[name] = traceback.format_exc()
             log(f"{name} failed:\n{failed[name]}")
             continue
         data["seconds"] = time.monotonic() - started
         results[name] = data
-        path = write_result(name, data, quick=args.quick, command=command)
+        path = write_result(bench.result, data, quick=args.quick, command=command)
         log(f"{name}: {data['seconds']:.0f} s -> {path}")
     table = goals(results)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -340,7 +340,8 @@ class Federation:
                 raise AssertionError(
                     f"client {name} exit {proc.returncode}:\n{self.output(name)[-3000:]}"
                 )
-        return json.loads((self.out / "summary.json").read_text())
+        summary: dict[str, Any] = json.loads((self.out / "summary.json").read_text())
+        return summary
 
     def output(self, name: str) -> str:
         return (self.root / f"{name}.{self.starts[name]}.out").read_text(errors="replace")
@@ -396,20 +397,22 @@ class Federation:
 
     def wait_training(self, cid: str, t: int, *, timeout: float = 60.0) -> dict[str, Any]:
         """Until client ``cid`` logs that it began local training for round t."""
-        return self.wait_for(
+        event: dict[str, Any] = self.wait_for(
             lambda: next(
                 (e for e in self.events(cid, "training.started") if e["round"] == t), None
             ),
             timeout=timeout,
             what=f"client {cid} to start training round {t}",
         )
+        return event
 
     def wait_round_started(self, t: int, *, timeout: float = 60.0) -> dict[str, Any]:
-        return self.wait_for(
+        event: dict[str, Any] = self.wait_for(
             lambda: next(reversed(self.started(t)), None),
             timeout=timeout,
             what=f"round {t} to start",
         )
+        return event
 
     # --- accounting ---------------------------------------------------------------------
     def outcomes(self) -> dict[tuple[int, str], list[str]]:

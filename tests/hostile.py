@@ -100,7 +100,8 @@ def _envelope(scene: Scene, **changes: object) -> bytes:
         "body": {},
     }
     envelope.update(changes)
-    return msgpack.packb(envelope, use_bin_type=True)
+    raw: bytes = msgpack.packb(envelope, use_bin_type=True)
+    return raw
 
 
 def _array_ext(dtype: str, shape: list[int], data: bytes) -> msgpack.ExtType:

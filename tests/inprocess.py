@@ -19,6 +19,7 @@ from mqttfl.algorithms import get_algorithm
 from mqttfl.algorithms.base import Algorithm, ClientSide, Context, ServerSide, Upload
 from mqttfl.config import FederationConfig, RunConfig, TrainConfig
 from mqttfl.data.shard import Shard
+from mqttfl.engine.documents import RunSummary
 from mqttfl.engine.rounds import Announce, Close, Finish, RoundEngine
 from mqttfl.engine.state import RunState
 from mqttfl.errors import RejectedUpload
@@ -106,7 +107,7 @@ class Federation:
         self.accuracy: list[float] = []
         self.announced: list[Announce] = []
         self.closed: list[Close] = []
-        self.summary: dict[str, Any] | None = None
+        self.summary: RunSummary | None = None
         for i in range(clients):
             shard = toy_shard(i)
             kind = arch[i % len(arch)] if isinstance(arch, list) else arch

@@ -101,7 +101,8 @@ def test_versions_close_on_the_buffer_without_waiting_for_the_slow_client() -> N
     assert slow
     assert slow[0] == (1, 5.0)
     assert trace.summary is not None
-    assert trace.summary["buffered"]["staleness"]["4"] >= 1  # ...and was aggregated
+    assert trace.summary.buffered is not None
+    assert trace.summary.buffered.staleness["4"] >= 1  # ...and was aggregated
     assert not [r for r in trace.rejected if r[3] == "too_stale"]
 
 
@@ -120,9 +121,10 @@ def test_an_upload_older_than_max_staleness_is_refused_and_counted() -> None:
     refused = [(c, r) for _, c, r, reason in trace.rejected if reason == "too_stale"]
     assert ("3", 1) in refused
     assert trace.summary is not None
-    assert trace.summary["rejections"]["too_stale"] == len(refused)
-    assert trace.summary["buffered"]["too_stale"] == len(refused)
-    assert all(int(tau) <= 2 for tau in trace.summary["buffered"]["staleness"])
+    assert trace.summary.rejections["too_stale"] == len(refused)
+    assert trace.summary.buffered is not None
+    assert trace.summary.buffered.too_stale == len(refused)
+    assert all(int(tau) <= 2 for tau in trace.summary.buffered.staleness)
 
 
 def test_a_dead_client_does_not_stall_the_buffer() -> None:
@@ -131,7 +133,7 @@ def test_a_dead_client_does_not_stall_the_buffer() -> None:
     fed.kill("2")
     trace = fed.run()
     assert trace.summary is not None
-    assert trace.summary["rounds_completed"] == 6
+    assert trace.summary.rounds_completed == 6
     # with two live clients the buffer closes on two uploads, at once, not at a deadline
     assert trace.closes[-1][0] < fed.config.federation.round_timeout_s
 

@@ -9,6 +9,7 @@ import numpy as np
 from rich.console import Console
 
 from mqttfl.config import FederationConfig, RunConfig
+from mqttfl.engine.documents import RunSummary
 from mqttfl.evaluation.table import format_table
 from mqttfl.monitor.buffered import BufferWatch, buffer_watch
 from mqttfl.monitor.view import FederationView, render
@@ -89,7 +90,7 @@ def test_the_final_table_says_how_stale_the_aggregated_uploads_were() -> None:
             "too_stale": 2,
         },
     }
-    line = format_table(summary).splitlines()[-1]
+    line = format_table(RunSummary.model_validate(summary)).splitlines()[-1]
     assert line.startswith("buffered: 4 versions of 2 uploads")
     assert "τ=0: 6, τ=3: 2 (mean τ 0.75)" in line
     assert line.endswith("2 refused as too stale")

@@ -46,7 +46,7 @@ FORMAT_OF_DIR = {
 }
 
 
-def _kwargs(path: Path) -> dict:
+def _kwargs(path: Path) -> dict[str, Any]:
     if path.name in NEXMON:
         chip, bw = NEXMON[path.name]
         return {"nexmon_chip": chip, "nexmon_bw": bw}
@@ -55,7 +55,9 @@ def _kwargs(path: Path) -> dict:
 
 @pytest.mark.shared_data
 @pytest.mark.parametrize(("rel", "fmt", "shape", "kept", "kept_with_pilots"), SAMPLES)
-def test_sample_files_parse_to_documented_shapes(rel, fmt, shape, kept, kept_with_pilots):
+def test_sample_files_parse_to_documented_shapes(
+    rel: str, fmt: str, shape: tuple[int, ...], kept: int, kept_with_pilots: int
+) -> None:
     path = require_shared("csi-samples", rel)
     csi = read_capture(path, fmt, **_kwargs(path))
     assert csi.shape == shape
@@ -67,7 +69,7 @@ def test_sample_files_parse_to_documented_shapes(rel, fmt, shape, kept, kept_wit
 
 
 @pytest.mark.shared_data
-def test_every_sample_file_parses_or_fails_clearly():
+def test_every_sample_file_parses_or_fails_clearly() -> None:
     root = require_shared("csi-samples")
     seen = 0
     for path in sorted(
@@ -82,7 +84,7 @@ def test_every_sample_file_parses_or_fails_clearly():
 
 
 @pytest.mark.shared_data
-def test_intel5300_activity_recordings_parse():
+def test_intel5300_activity_recordings_parse() -> None:
     root = require_shared("csi-samples", "intel5300-activity")
     files = sorted(root.rglob("*.dat"))
     assert len(files) >= 20
@@ -94,7 +96,7 @@ def test_intel5300_activity_recordings_parse():
 
 
 @pytest.mark.shared_data
-def test_esp32_tolerant_reader_matches_csiread():
+def test_esp32_tolerant_reader_matches_csiread() -> None:
     path = require_shared("csi-samples", "esp32", "example_csi.csv")
     via_csiread = load_capture(path, "esp32")
     assert via_csiread.info["parser"] == "csiread"
@@ -106,7 +108,7 @@ def test_esp32_tolerant_reader_matches_csiread():
 
 @pytest.mark.shared_data
 @pytest.mark.parametrize("rel", ["esp32/example_csi.csv", "esp32/example_data_passive_header.csv"])
-def test_esp32_layouts_leave_no_null_subcarrier(rel):
+def test_esp32_layouts_leave_no_null_subcarrier(rel: str) -> None:
     # example_csi.csv is centred (secondary channel above), the PASSIVE one in FFT order;
     # after re-ordering, the legacy20 plan removes exactly the all-zero guard bins
     path = require_shared("csi-samples", rel)
@@ -116,7 +118,7 @@ def test_esp32_layouts_leave_no_null_subcarrier(rel):
 
 
 @pytest.mark.shared_data
-def test_espectre_npz_chip_layouts_agree():
+def test_espectre_npz_chip_layouts_agree() -> None:
     root = require_shared("espectre")
     for chip in ("c3", "c5", "c6", "esp32", "s3"):
         path = sorted((root / "baseline").glob(f"baseline_{chip}_*.npz"))[0]
@@ -146,7 +148,7 @@ def test_espectre_npz_chip_layouts_agree():
         ("esp32/example_csi.csv", "csv"),
     ],
 )
-def test_wrong_format_is_a_clear_error(rel, wrong):
+def test_wrong_format_is_a_clear_error(rel: str, wrong: str) -> None:
     path = require_shared("csi-samples", rel)
     with pytest.raises(DataError) as info:
         read_capture(path, wrong, nexmon_chip="4358", nexmon_bw=80)
@@ -155,7 +157,7 @@ def test_wrong_format_is_a_clear_error(rel, wrong):
 
 
 @pytest.mark.shared_data
-def test_nexmon_needs_chip_and_matching_bandwidth():
+def test_nexmon_needs_chip_and_matching_bandwidth() -> None:
     path = require_shared("csi-samples", "nexmon", "example_43455c0.pcap")
     with pytest.raises(DataError, match="chip and bandwidth"):
         read_capture(path, "nexmon")
@@ -166,7 +168,7 @@ def test_nexmon_needs_chip_and_matching_bandwidth():
 
 
 @pytest.mark.parametrize("fmt", ["intel5300", "atheros", "nexmon", "esp32", "npz", "csv"])
-def test_unreadable_files_name_the_file(tmp_path, fmt):
+def test_unreadable_files_name_the_file(tmp_path: Path, fmt: str) -> None:
     kw: dict[str, Any] = {"nexmon_chip": "4358", "nexmon_bw": 80}
     missing = tmp_path / "missing.dat"
     with pytest.raises(DataError, match="not found") as info:
@@ -186,7 +188,7 @@ def test_unreadable_files_name_the_file(tmp_path, fmt):
 
 
 @pytest.mark.shared_data
-def test_truncated_intel_record_is_tolerated(tmp_path):
+def test_truncated_intel_record_is_tolerated(tmp_path: Path) -> None:
     src = require_shared("csi-samples", "intel5300", "example.dat")
     cut = tmp_path / "cut.dat"
     cut.write_bytes(src.read_bytes()[:-100])
@@ -203,7 +205,7 @@ def _atheros_record(tones: int = 56, nr: int = 1, nc: int = 1) -> bytes:
     return len(body).to_bytes(2, "little") + body
 
 
-def test_generated_atheros_records_walk_and_a_cut_one_names_its_offset(tmp_path):
+def test_generated_atheros_records_walk_and_a_cut_one_names_its_offset(tmp_path: Path) -> None:
     record = _atheros_record()
     whole = record * 3
     assert walk_atheros(tmp_path / "x.dat", whole, "little") == (3, 1, 1, 56)
@@ -220,7 +222,7 @@ def test_generated_atheros_records_walk_and_a_cut_one_names_its_offset(tmp_path)
 
 
 @pytest.mark.shared_data
-def test_truncated_atheros_file_names_the_path_and_offset(tmp_path):
+def test_truncated_atheros_file_names_the_path_and_offset(tmp_path: Path) -> None:
     data = require_shared("csi-samples", "atheros", "ath_csi_1.dat").read_bytes()
     starts, pos = [], 0  # record offsets: each record is a 2-byte length + that many bytes
     while pos < len(data):
@@ -237,7 +239,7 @@ def test_truncated_atheros_file_names_the_path_and_offset(tmp_path):
         assert f"truncated Atheros record at byte {record}:" in str(info.value)
 
 
-def test_esp32_bad_rows_name_the_line(tmp_path):
+def test_esp32_bad_rows_name_the_line(tmp_path: Path) -> None:
     good = "CSI_DATA,AP,aa,-1,11,1,0,0,1,1,0,0,0,0,-90,0,1,0,1,0,10,0,0,1.0,4,[1 2 3 4 ]\n"
     path = tmp_path / "esp.csv"
     path.write_text("type,role\n" + good + good.replace("[1 2 3 4 ]", "[1 2 3 4 5 6 ]"))
@@ -248,7 +250,7 @@ def test_esp32_bad_rows_name_the_line(tmp_path):
         read_capture(path, "esp32")
 
 
-def test_npz_variants(tmp_path):
+def test_npz_variants(tmp_path: Path) -> None:
     # ESP int8 interleaved (imaginary, real) pairs -> complex; a C5 recording is centred
     raw = np.zeros((3, 128), dtype=np.int8)
     raw[:, 1::2] = np.arange(64, dtype=np.int8)  # real part = position
@@ -269,7 +271,7 @@ def test_npz_variants(tmp_path):
         read_capture(tmp_path / "empty.npz", "npz")
 
 
-def test_csv_rows_and_features(tmp_path):
+def test_csv_rows_and_features(tmp_path: Path) -> None:
     path = tmp_path / "rows.csv"
     path.write_text("a,b,c\n1,2,3\n4,5,6\n")
     assert read_capture(path, "csv").shape == (2, 3)
@@ -287,7 +289,7 @@ def test_csv_rows_and_features(tmp_path):
 
 
 @pytest.mark.shared_data
-def test_windows_of_intel_sample_have_the_right_shape():
+def test_windows_of_intel_sample_have_the_right_shape() -> None:
     path = require_shared("csi-samples", "intel5300", "sample_0x1_ap.dat")
     rows, sel = capture_features(load_capture(path, "intel5300"))
     assert rows.shape == (540, 28 * 3 * 2)
@@ -303,7 +305,7 @@ def test_windows_of_intel_sample_have_the_right_shape():
     assert str(path) in str(info.value)
 
 
-def test_user_subcarrier_positions(tmp_path):
+def test_user_subcarrier_positions(tmp_path: Path) -> None:
     path = tmp_path / "rows.csv"
     path.write_text("\n".join(",".join(str(v) for v in range(10)) for _ in range(5)))
     cap = load_capture(path, "csv")
@@ -318,7 +320,7 @@ def test_user_subcarrier_positions(tmp_path):
 @pytest.mark.parametrize(
     ("packets", "window", "stride"), [(100, 10, None), (105, 10, 5), (57, 7, 3), (20, 10, None)]
 )
-def test_time_split_never_shares_a_packet(packets, window, stride):
+def test_time_split_never_shares_a_packet(packets: int, window: int, stride: int | None) -> None:
     train, test = split_windows_by_time(packets, window, stride, 0.2)
     assert len(test) >= 1
     train_packets = {int(s) + i for s in train for i in range(window)}
@@ -328,14 +330,14 @@ def test_time_split_never_shares_a_packet(packets, window, stride):
     assert all(s + window <= packets for s in test)
 
 
-def test_window_starts_and_single_window():
+def test_window_starts_and_single_window() -> None:
     assert window_starts(9, 10).size == 0
     train, test = split_windows_by_time(15, 10, None, 0.2)
     assert len(train) == 1
     assert len(test) == 0
 
 
-def test_normalizer_fits_train_only():
+def test_normalizer_fits_train_only() -> None:
     rng = np.random.default_rng(0)
     train = rng.normal(5.0, 2.0, size=(50, 10, 4)).astype(np.float32)
     test = rng.normal(100.0, 2.0, size=(5, 10, 4)).astype(np.float32)
@@ -348,7 +350,7 @@ def test_normalizer_fits_train_only():
     np.testing.assert_allclose(again.apply(test), norm.apply(test))
 
 
-def test_sanitize_phase_removes_linear_term():
+def test_sanitize_phase_removes_linear_term() -> None:
     k = np.arange(-28, 29)
     csi = np.exp(1j * (0.3 * k + 1.0))[None, :].repeat(4, axis=0)
     np.testing.assert_allclose(sanitize_phase(csi, k), 0.0, atol=1e-5)

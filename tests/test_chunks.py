@@ -132,7 +132,7 @@ def test_a_flooding_sender_is_bounded_and_counted_and_evicts_only_itself() -> No
     for index in range(200):  # a flood of first chunks on topics of its own
         reassembler.feed(f"round/{index}/up/flood", split(PAYLOAD * 2, 4000)[0])
         assert reassembler.reserved <= 70_000
-        assert reassembler._reserved["flood"] <= 21_000
+        assert reassembler.reserved_by("flood") <= 21_000
     assert reassembler.dropped["flood"] == 199
     assert set(reassembler.dropped) == {"flood"}
     assert all(key.endswith("/flood") for key, _ in reassembler.evicted)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mqttfl.config import TrainConfig, load_config
+from mqttfl.engine.documents import CompareRow
 from mqttfl.evaluation.compare_entries import method_name, pinned_model, run_overrides
 from mqttfl.evaluation.compare_report import markdown_table
 from mqttfl.models import build_model
@@ -35,11 +36,14 @@ def test_a_pinned_entry_runs_its_method_on_its_model_in_every_setting() -> None:
 
 def test_the_table_marks_a_pinned_entry() -> None:
     rows = [
-        {
-            "method": m,
-            "setting": "data",
-            **{k: {"mean": 0.5, "std": 0.0} for k in ("accuracy", "f1", "mae", "kb")},
-        }
+        CompareRow.model_validate(
+            {
+                "method": m,
+                "setting": "data",
+                "runs": 1,
+                **{k: {"mean": 0.5, "std": 0.0} for k in ("accuracy", "f1", "mae", "kb")},
+            }
+        )
         for m in ("fedavg", "fedavg@transformer")
     ]
     table = markdown_table(rows, ["fedavg", "fedavg@transformer"], ["data"], [0])
@@ -85,7 +89,11 @@ def test_a_finished_run_is_reused_whatever_other_methods_keys_the_config_gains(
     from mqttfl.evaluation.compare_entries import finished_summary
 
     ran = load_config("configs/fedapa-csi.toml", ["method=fedapa"])
-    (tmp_path / "summary.json").write_text(json.dumps({"config": ran.recorded()}))
+    means = {"accuracy": 0.5, "f1": 0.5, "mae": 1.0}
+    comm = {"up_bytes_per_client_round": 1.0, "down_bytes_per_client_round": 1.0}
+    summary = {"run_id": "r", "method": "fedapa", "rounds_completed": 1, "clients": {}}
+    summary |= {"mean": means, "comm": comm, "config": ran.recorded()}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
     # A key for another method comes with that method in the table's shared_with.
     shared = 'method.shared_with=["fedapa", "fedali", "fedpam", "fedsap"]'
     for other in ("method.pam_lr=0.05", "method.local_lr=0.1", "method.sap_lambda_max=0.5"):

@@ -29,10 +29,10 @@ def test_a_whole_run_closes_every_round_and_summarizes_every_client() -> None:
     fed = Federation("fedapa", clients=3, rounds=3).run()
     assert [c.round for c in fed.closed] == [1, 2, 3]
     assert fed.summary is not None
-    assert fed.summary["rounds_completed"] == 3
-    assert set(fed.summary["clients"]) == {"0", "1", "2"}
-    assert fed.summary["missing_uploads"] == 0
-    assert fed.summary["retries"] == 0
+    assert fed.summary.rounds_completed == 3
+    assert set(fed.summary.clients) == {"0", "1", "2"}
+    assert fed.summary.missing_uploads == 0
+    assert fed.summary.retries == 0
     # Every round closed on its uploads, not on a timer: the clock never moved.
     assert fed.clock.now == 1000.0
 
@@ -181,7 +181,7 @@ def test_metrics_from_strangers_or_for_open_rounds_are_refused() -> None:
     with pytest.raises(WireError) as future:
         fed.engine.on_metrics(Metrics(2, "0", values))
     assert (stranger.value.reason, future.value.reason) == ("unknown_client", "future")
-    assert {r["client_id"] for r in fed.engine.records} == {"0", "1"}
+    assert {r.client_id for r in fed.engine.records} == {"0", "1"}
 
 
 def test_run_state_survives_the_checkpoint_codec_and_resumes_the_next_round() -> None:
@@ -241,5 +241,5 @@ def test_a_straggler_late_upload_is_stale_and_it_catches_up_the_next_round() -> 
     fed.run()
     assert fed.closed[1].log["missing"] == []
     assert fed.summary is not None
-    assert fed.summary["rejections"] == {"stale": 1}
-    assert fed.summary["missing_uploads"] == 1
+    assert fed.summary.rejections == {"stale": 1}
+    assert fed.summary.missing_uploads == 1

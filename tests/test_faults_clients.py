@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ class Storm:
         self.armed: dict[str, tuple[int, threading.Event]] = {}  # client -> (from round, killed)
         self.starts: list[tuple[int, list[str]]] = []  # (round, selected) as they arrive
         self.new_start = threading.Condition()
-        self.moments: list[dict] = []
+        self.moments: list[dict[str, Any]] = []
 
     def witness_callback(self, seen: Seen) -> None:
         parts = topic_parts(seen.topic)

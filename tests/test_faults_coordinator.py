@@ -6,6 +6,7 @@ import os
 import signal
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,7 +105,7 @@ def test_coordinator_sigkill_mid_round_resumes_from_its_journal(
     print(f"FIGURES coordinator_restarts_survived=1 rounds={ROUNDS} stalled={fed.stalled_rounds()}")
 
 
-def summary_rows(fed: Federation) -> list[dict]:
+def summary_rows(fed: Federation) -> list[dict[str, Any]]:
     import json
 
     return [json.loads(line) for line in (fed.out / "metrics.jsonl").read_text().splitlines()]

@@ -306,7 +306,8 @@ def test_eq_7_by_hand_on_an_asymmetric_case() -> None:
 
 def _materialized(protos: np.ndarray, mask: np.ndarray, tau: float) -> np.ndarray:
     alpha = similarity_weights(protos, mask, tau)  # (C, N, N)
-    return np.einsum("cij,jcd->icd", alpha, protos.astype(np.float64))
+    full: np.ndarray = np.einsum("cij,jcd->icd", alpha, protos.astype(np.float64))
+    return full
 
 
 def test_eq_7_fast_path_matches_similarity_weights_with_missing_classes_and_norms() -> None:

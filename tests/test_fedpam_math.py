@@ -118,7 +118,10 @@ def test_train_epochs_steps_by_the_clipped_gradient(clip: float | None) -> None:
             return out, out
 
     head = Head()
-    loss_fn = lambda logits, z, yb: (logits**2).sum()  # noqa: E731 - gradient norm ≫ 0.5
+
+    def loss_fn(logits: torch.Tensor, z: object, yb: object) -> torch.Tensor:
+        return (logits**2).sum()  # gradient norm ≫ 0.5
+
     optimizer = torch.optim.SGD(head.parameters(), lr=1.0)
     logits, _ = head(torch.from_numpy(x))
     grads = torch.autograd.grad(loss_fn(logits, None, None), params)

@@ -101,7 +101,7 @@ def test_announcements_with_ever_new_archs_cost_bounded_memory(tmp_path: Path) -
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert len(engine.gate._schemas) <= MAX_SCHEMAS
+    assert engine.gate.schemas_cached <= MAX_SCHEMAS
     assert grown < 1_000_000, f"{grown} bytes for 20,000 announcements"  # it was ~19 MB
 
 
@@ -123,13 +123,13 @@ def test_a_status_flood_is_held_to_its_budget_and_the_last_word_counts(tmp_path:
     # The newest flip is held, one per sender, while the flood goes on ...
     assert coordinator.screen.held["2"].payload == flips[-1]
     now[0] = QUIET_S / 2
-    assert not coordinator._release_held()
+    assert not coordinator.release_held()
     coordinator.handle(Incoming(f"{BASE}/status/2", flips[-1]))  # within budget, yet held
-    assert not coordinator._release_held()
+    assert not coordinator.release_held()
     # ... and read once the sender has kept within its budget for QUIET_S: its last word.
     now[0] = QUIET_S + 0.01
     with capture_logs() as logs:
-        assert coordinator._release_held()
+        assert coordinator.release_held()
     assert coordinator.clients["2"].info.arch == "arch-20000"
     assert not coordinator.screen.held
 

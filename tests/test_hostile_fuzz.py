@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -81,7 +82,7 @@ _envelopes = st.fixed_dictionaries(
 
 @settings(max_examples=300, deadline=None)
 @given(_envelopes)
-def test_decoder_on_structured_garbage_only_raises_wire_errors(envelope: dict) -> None:
+def test_decoder_on_structured_garbage_only_raises_wire_errors(envelope: dict[str, Any]) -> None:
     try:
         raw = msgpack.packb(envelope, use_bin_type=True)
     except (OverflowError, ValueError):
@@ -105,10 +106,10 @@ def _arrays(dtypes: list[type], shapes: list[tuple[int, ...]]) -> st.SearchStrat
     )
 
 
-def _bodies() -> st.SearchStrategy[dict]:
+def _bodies() -> st.SearchStrategy[dict[str, Any]]:
     """Near-valid prototype bodies: right or wrong dtypes, shapes, ranges, NaN/Inf, extra fields."""
 
-    def body(n: int) -> st.SearchStrategy[dict]:
+    def body(n: int) -> st.SearchStrategy[dict[str, Any]]:
         floats = _arrays(
             [np.float32, np.float32, np.float64, np.int64],
             [(n, 8), (n, 8), (n, 7), (n + 1, 8), (n,)],
@@ -134,7 +135,7 @@ def _bodies() -> st.SearchStrategy[dict]:
     t=3,
 )  # a valid upload from the client the companion upload used to come from
 def test_gate_accepts_only_what_aggregates_to_finite_downlinks(
-    body: dict, sender: str, t: int
+    body: dict[str, Any], sender: str, t: int
 ) -> None:
     gate = fresh_gate()
     try:
@@ -205,7 +206,7 @@ def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Coordinator:
     coordinator = Coordinator(
         config, BrokerAddress.parse("mqtt://127.0.0.1:1"), tmp_path_factory.mktemp("c")
     )
-    coordinator._handle(Incoming("mqttfl/run/status/v", Online(INFO["v"]).encode("run")))
+    coordinator.process(Incoming("mqttfl/run/status/v", Online(INFO["v"]).encode("run")))
     coordinator.gate.open_round(3, ["v"], keep=False)
     return coordinator
 
@@ -225,12 +226,13 @@ def test_coordinator_handler_survives_anything_on_its_topics(
     incoming = Incoming(f"mqttfl/run/{topic.format(t=t, c=client)}", payload)
     # logged as message.rejected by the dispatcher; anything else would kill the run
     with contextlib.suppress(WireError):
-        coordinator._handle(incoming)
+        coordinator.process(incoming)
 
 
-def _pack(envelope: dict) -> bytes:
+def _pack(envelope: dict[str, Any]) -> bytes:
     try:
-        return msgpack.packb(envelope, use_bin_type=True)
+        raw: bytes = msgpack.packb(envelope, use_bin_type=True)
+        return raw
     except (OverflowError, ValueError):
         return b""
 
@@ -264,7 +266,7 @@ _status_bodies = st.fixed_dictionaries(
 )
 @given(_status_bodies, st.sampled_from(["a", "b"]))
 def test_any_announcement_then_an_upload_is_rejected_or_served(
-    weights_coordinator: Coordinator, body: dict, client: str
+    weights_coordinator: Coordinator, body: dict[str, Any], client: str
 ) -> None:
     """Statuses with any model, shape or counts, then an upload from that client: WireErrors only."""
     coordinator = weights_coordinator
@@ -277,7 +279,7 @@ def test_any_announcement_then_an_upload_is_rejected_or_served(
     )
     for topic, payload in ((f"status/{client}", status), (f"round/1/up/{client}", upload)):
         with contextlib.suppress(WireError):
-            coordinator._handle(Incoming(f"mqttfl/run/{topic}", payload))
+            coordinator.process(Incoming(f"mqttfl/run/{topic}", payload))
 
 
 @pytest.mark.parametrize("shape", [[10**9], [0], [], [64] * 5])
@@ -295,7 +297,7 @@ def test_an_announced_sample_shape_cannot_make_the_coordinator_build_a_giant_mod
         {"v": 1, "type": "status", "run": "run", "round": 0, "sender": "m", "body": body}
     )
     with pytest.raises(WireError) as info:
-        weights_coordinator._handle(Incoming("mqttfl/run/status/m", status))
+        weights_coordinator.process(Incoming("mqttfl/run/status/m", status))
     assert info.value.reason == "range"
     assert "m" not in weights_coordinator.clients
 
@@ -305,5 +307,5 @@ def test_a_status_the_method_cannot_serve_is_rejected_not_fatal(tmp_path: Path) 
     coordinator = Coordinator(config, BrokerAddress.parse("mqtt://127.0.0.1:1"), tmp_path)
     bogus = ClientInfo("v", "no-such-model", (0,), 40, (24, 52))
     with pytest.raises(WireError):
-        coordinator._handle(Incoming("mqttfl/run/status/v", Online(bogus).encode("run")))
+        coordinator.process(Incoming("mqttfl/run/status/v", Online(bogus).encode("run")))
     assert "v" not in coordinator.clients

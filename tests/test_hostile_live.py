@@ -21,6 +21,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from mqttfl.config import load_config
 from mqttfl.engine.gate import UploadGate
 from mqttfl.errors import RejectedUpload
+from mqttfl.provisioning.local_broker import LocalBroker
 from mqttfl.wire import decode
 from mqttfl.wire.control import Offline, Online
 from mqttfl.wire.schemas import ClientInfo
@@ -115,7 +116,7 @@ class Actor:
 
 
 @pytest.mark.slow
-def test_catalogue_replayed_against_a_live_coordinator(broker, tmp_path: Path) -> None:
+def test_catalogue_replayed_against_a_live_coordinator(broker: LocalBroker, tmp_path: Path) -> None:
     base = f"mqttfl/{RUN_ID}"
     max_bytes = 200_000
     with (

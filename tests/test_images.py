@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -21,11 +24,11 @@ from mqttfl.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
-def digits():
+def digits() -> tuple[np.ndarray, np.ndarray]:
     return load_images("digits")
 
 
-def test_digits_and_mnist_load():
+def test_digits_and_mnist_load() -> None:
     x, y = load_images("digits")
     assert x.shape == (1797, 8, 8)
     assert x.dtype == np.float32
@@ -43,7 +46,7 @@ def test_digits_and_mnist_load():
         load_images("cifar")
 
 
-def _disjoint(parts):
+def _disjoint(parts: list[np.ndarray]) -> bool:
     flat = np.concatenate(parts)
     return len(flat) == len(np.unique(flat))
 
@@ -56,7 +59,9 @@ def _disjoint(parts):
         ("nway_kshot", {"mu_n": 3, "mu_k": 20, "sigma": 1}),
     ],
 )
-def test_partitions_are_deterministic_per_seed(digits, scheme, params):
+def test_partitions_are_deterministic_per_seed(
+    digits: tuple[np.ndarray, np.ndarray], scheme: str, params: dict[str, Any]
+) -> None:
     _, y = digits
     a = make_partition(y, 8, scheme, seed=3, **params)
     b = make_partition(y, 8, scheme, seed=3, **params)
@@ -67,7 +72,7 @@ def test_partitions_are_deterministic_per_seed(digits, scheme, params):
     assert _disjoint(a)
 
 
-def test_pathological_gives_exactly_two_classes(digits):
+def test_pathological_gives_exactly_two_classes(digits: tuple[np.ndarray, np.ndarray]) -> None:
     _, y = digits
     for clients in (5, 10, 17):
         parts = partition_pathological(y, clients, seed=0)
@@ -77,11 +82,11 @@ def test_pathological_gives_exactly_two_classes(digits):
     assert {len(np.unique(y[p])) for p in parts} == {3}
 
 
-def _mean_max_share(y, parts):
+def _mean_max_share(y: np.ndarray, parts: list[np.ndarray]) -> float:
     return float(np.mean([np.bincount(y[p], minlength=10).max() / len(p) for p in parts]))
 
 
-def test_dirichlet_small_beta_is_more_skewed(digits):
+def test_dirichlet_small_beta_is_more_skewed(digits: tuple[np.ndarray, np.ndarray]) -> None:
     _, y = digits
     skewed = np.mean(
         [_mean_max_share(y, partition_dirichlet(y, 10, seed=s, beta=0.1)) for s in range(5)]
@@ -97,7 +102,7 @@ def test_dirichlet_small_beta_is_more_skewed(digits):
     assert min(len(p) for p in parts) >= 1
 
 
-def test_nway_kshot_statistics(digits):
+def test_nway_kshot_statistics(digits: tuple[np.ndarray, np.ndarray]) -> None:
     _, y = digits
     # pool large enough: exactly n classes with k samples each, n and k around their means
     parts = partition_nway_kshot(y, 10, seed=1, mu_n=3, mu_k=5, sigma=1)
@@ -121,7 +126,7 @@ def test_nway_kshot_statistics(digits):
     assert {len(np.unique(y[p])) for p in single} == {1}
 
 
-def test_stratified_split_is_disjoint(digits):
+def test_stratified_split_is_disjoint(digits: tuple[np.ndarray, np.ndarray]) -> None:
     _, y = digits
     train, test = stratified_split(y, 0.2, seed=0)
     assert not set(train) & set(test)
@@ -129,7 +134,7 @@ def test_stratified_split_is_disjoint(digits):
     assert abs(len(test) / len(y) - 0.2) < 0.01
 
 
-def test_image_shard_and_round_trip(tmp_path):
+def test_image_shard_and_round_trip(tmp_path: Path) -> None:
     shard = image_shard("digits", 2, num_clients=5, partition="pathological", seed=0)
     assert shard.x_train.dtype == np.float32
     assert shard.x_train.shape[1:] == (8, 8)
@@ -157,7 +162,7 @@ def test_image_shard_and_round_trip(tmp_path):
         image_shard("digits", 0, num_clients=4, partition="dirichlet", seed=0, alpha=1.0)
 
 
-def test_clients_train_sets_are_disjoint():
+def test_clients_train_sets_are_disjoint() -> None:
     shards = [
         image_shard("digits", c, num_clients=4, partition="dirichlet", seed=5, beta=0.5)
         for c in range(4)

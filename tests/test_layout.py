@@ -1,5 +1,6 @@
 """The house's rules, read from the source: imports point one way, no cycles, nothing
-private crosses a module boundary, and no file outgrows ~500 lines.
+private crosses a module boundary, and no file outgrows ~500 lines. The benchmarks keep the
+same rules: they import mqttfl's public names only, never the tests, and stay small.
 
 Every import counts, also one inside a function or under ``TYPE_CHECKING``: a lazy import
 is still an arrow between rooms.
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mqttfl"
+BENCHMARKS = PACKAGE.parent / "benchmarks"
 
 #: A room may import only rooms of a lower rank (never one of its own rank or above).
 RANK = {
@@ -113,6 +115,12 @@ def test_the_engine_and_the_wire_know_no_transport() -> None:
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_nothing_private_crosses_a_module(path: Path) -> None:
     module = _module_name(path)
+    wrong = _private_reaches(path, module)
+    assert not wrong, f"{module} reaches into: {wrong}"
+
+
+def _private_reaches(path: Path, module: str) -> list[str]:
+    """The private mqttfl names ``path`` (module ``module``) takes from another module."""
     tree = ast.parse(path.read_text())
     aliases = {}  # local name -> mqttfl module it stands for
     wrong = []
@@ -136,7 +144,7 @@ def test_nothing_private_crosses_a_module(path: Path) -> None:
             and not node.attr.startswith("__")
         ):
             wrong.append(f"{aliases[node.value.id]}.{node.attr}")
-    assert not wrong, f"{module} reaches into: {wrong}"
+    return wrong
 
 
 def test_no_import_cycles() -> None:
@@ -168,4 +176,59 @@ def test_no_import_cycles() -> None:
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_no_file_outgrows_the_limit(path: Path) -> None:
+    assert len(path.read_text().splitlines()) <= 520, f"{path} is past ~500 lines: split it"
+
+
+BENCH_SOURCES = sorted(BENCHMARKS.glob("*.py"))
+#: bench_hostile_peer drives the fault-injection federation of the tests (tests/faults.py).
+BENCH_ALLOWED = {("benchmarks.bench_hostile_peer", "tests.faults")}
+
+
+def _bench_id(path: Path) -> str:
+    return path.name
+
+
+def _top_imports(path: Path) -> list[str]:
+    """Every absolute import of ``path`` (also lazy ones), as module names."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append(node.module)
+    return found
+
+
+@pytest.mark.parametrize("path", BENCH_SOURCES, ids=_bench_id)
+def test_benchmarks_take_only_public_names(path: Path) -> None:
+    module = f"benchmarks.{path.stem}"
+    wrong = _private_reaches(path, module)
+    assert not wrong, f"{module} reaches into: {wrong}"
+
+
+@pytest.mark.parametrize("path", BENCH_SOURCES, ids=_bench_id)
+def test_benchmarks_import_the_package_never_the_tests(path: Path) -> None:
+    """A benchmark sits above the whole package: it may import any room of mqttfl and the
+    other benchmarks, never the tests (their helpers are not an interface)."""
+    module = f"benchmarks.{path.stem}"
+    wrong = [
+        target
+        for target in _top_imports(path)
+        if target.split(".")[0] == "tests" and (module, target) not in BENCH_ALLOWED
+    ]
+    assert not wrong, f"{module} imports {wrong}"
+
+
+def test_the_package_imports_no_benchmark_and_no_test() -> None:
+    wrong = [
+        f"{_module_name(path)} imports {target}"
+        for path in SOURCES
+        for target in _top_imports(path)
+        if target.split(".")[0] in ("benchmarks", "tests")
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("path", BENCH_SOURCES, ids=_bench_id)
+def test_no_benchmark_outgrows_the_limit(path: Path) -> None:
     assert len(path.read_text().splitlines()) <= 520, f"{path} is past ~500 lines: split it"

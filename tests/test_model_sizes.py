@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from mqttfl.algorithms.weights import _float_entries
+from mqttfl.algorithms.weights import float_entries
 from mqttfl.models import build_model
 from mqttfl.models.names import MODEL_NAMES
 from mqttfl.models.sizes import alp_widths, weight_count
@@ -19,7 +19,7 @@ from mqttfl.models.sizes import alp_widths, weight_count
 def test_the_count_is_torch_s_for_every_model(arch: str, num_classes: int, embed_dim: int) -> None:
     for input_dim in (4, 420) if arch == "mlp" else (None,):
         model = build_model(arch, num_classes=num_classes, embed_dim=embed_dim, input_dim=input_dim)
-        torch_count = sum(v.numel() for _, v in _float_entries(model))
+        torch_count = sum(v.numel() for _, v in float_entries(model))
         assert (
             weight_count(arch, num_classes=num_classes, embed_dim=embed_dim, input_dim=input_dim)
             == torch_count

@@ -151,7 +151,8 @@ class Coordinator:
             assert self.proc.poll() is None, self.output.read_text()[-2000:]
             return next(iter(self.events("run.started")), None)
 
-        return wait_for(started, timeout=timeout, what="the coordinator to start")
+        event: dict[str, Any] = wait_for(started, timeout=timeout, what="the coordinator to start")
+        return event
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from mqttfl.config import TrainConfig, load_config
 from mqttfl.data.shard import Shard
+from mqttfl.engine.documents import CompareRow
 from mqttfl.evaluation.compare_entries import pooled_overrides
 from mqttfl.evaluation.compare_report import aggregate_pooled, markdown_table
 from mqttfl.evaluation.pooled import (
@@ -64,7 +65,7 @@ def test_pooled_equals_one_model_trained_on_the_concatenated_shards() -> None:
             logits, _ = model(torch.from_numpy(expected_x[batch]))
             loss = F.cross_entropy(logits, torch.from_numpy(expected_y[batch]))
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it untyped
             optimizer.step()
     for (name, got), want in zip(
         pooled.state_dict().items(), model.state_dict().values(), strict=True
@@ -126,16 +127,20 @@ def test_the_table_has_a_pooled_row_or_says_why_it_is_absent() -> None:
         PooledRun("model", 0, Path("."), absent="clients run different architectures"),
     ]
     pooled = aggregate_pooled(runs, ["data", "model"])
-    assert pooled[0]["accuracy"]["mean"] == pytest.approx(0.8)
-    assert pooled[0]["runs"] == 2
-    assert pooled[1]["runs"] == 0
-    assert pooled[1]["absent"] == "clients run different architectures"
+    assert pooled[0].accuracy is not None
+    assert pooled[0].accuracy.mean == pytest.approx(0.8)
+    assert pooled[0].runs == 2
+    assert pooled[1].runs == 0
+    assert pooled[1].absent == "clients run different architectures"
     rows = [
-        {
-            "method": "local",
-            "setting": s,
-            **{k: {"mean": 0.5, "std": 0.0} for k in ("accuracy", "f1", "mae", "kb")},
-        }
+        CompareRow.model_validate(
+            {
+                "method": "local",
+                "setting": s,
+                "runs": 1,
+                **{k: {"mean": 0.5, "std": 0.0} for k in ("accuracy", "f1", "mae", "kb")},
+            }
+        )
         for s in ("data", "model")
     ]
     table = markdown_table(rows, ["local"], ["data", "model"], [0, 1], pooled)

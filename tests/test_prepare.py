@@ -46,7 +46,7 @@ def _activity_files(n_per_label: int = 2) -> list[Path]:
 # ----------------------------------------------------------------------------- labels
 
 
-def test_labels_from_file_names_use_the_activity_vocabulary():
+def test_labels_from_file_names_use_the_activity_vocabulary() -> None:
     paths = [Path("may/brushteeth_1590158645.dat"), Path("walk_post_1597163546.dat")]
     names, ys, classes = resolve_labels("filename", paths)
     assert names == ["brushteeth", "walk"]
@@ -57,7 +57,7 @@ def test_labels_from_file_names_use_the_activity_vocabulary():
     assert "dance_1.dat" in str(info.value)
 
 
-def test_labels_from_regex_constant_and_classes():
+def test_labels_from_regex_constant_and_classes() -> None:
     paths = [Path("baseline_c3_1.npz"), Path("movement_c3_2.npz")]
     names, ys, classes = resolve_labels("regex:^.*/?(baseline|movement)_", paths)
     assert names == ["baseline", "movement"]
@@ -76,7 +76,7 @@ def test_labels_from_regex_constant_and_classes():
         resolve_labels("walk", paths, classes=["a", "b"])
 
 
-def test_labels_from_mapping_files(tmp_path):
+def test_labels_from_mapping_files(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     a, b = tmp_path / "sub" / "a.dat", tmp_path / "b.dat"
     mapping = tmp_path / "labels.json"
@@ -94,7 +94,7 @@ def test_labels_from_mapping_files(tmp_path):
         resolve_labels(f"map:{bad}", [a])
 
 
-def test_parse_subcarriers():
+def test_parse_subcarriers() -> None:
     assert parse_subcarriers("auto") is None
     assert parse_subcarriers("all") == "all"
     assert parse_subcarriers("0-2,5,7..8") == [0, 1, 2, 5, 7, 8]
@@ -105,7 +105,7 @@ def test_parse_subcarriers():
 # ----------------------------------------------------------------------------- shards
 
 
-def test_time_split_has_no_leak_and_round_trips(tmp_path):
+def test_time_split_has_no_leak_and_round_trips(tmp_path: Path) -> None:
     a = _ramp_csv(tmp_path / "a.csv", 100)
     b = _ramp_csv(tmp_path / "b.csv", 60, offset=1000)
     out = tmp_path / "shard"
@@ -146,7 +146,7 @@ def _mapping(tmp_path: Path, **labels: int) -> Path:
     return path
 
 
-def test_normalization_is_fitted_on_train(tmp_path):
+def test_normalization_is_fitted_on_train(tmp_path: Path) -> None:
     a = _ramp_csv(tmp_path / "a.csv", 100)
     shard = build_shards("csv", [a], labels="x", window=10, normalize=True)[0]
     norm = shard.meta["normalization"]
@@ -155,7 +155,7 @@ def test_normalization_is_fitted_on_train(tmp_path):
     assert shard.x_test.mean() > 1.0
 
 
-def test_feature_vector_shards(tmp_path):
+def test_feature_vector_shards(tmp_path: Path) -> None:
     np.savez(tmp_path / "f.npz", x=np.arange(40, dtype=np.float64).reshape(10, 4))
     shard = build_shards("npz", [tmp_path / "f.npz"], labels="1", features=True)[0]
     assert shard.x_train.shape == (8, 4)
@@ -164,7 +164,7 @@ def test_feature_vector_shards(tmp_path):
     assert shard.meta["kind"] == "features"
 
 
-def test_clients_per_file_and_per_dir(tmp_path):
+def test_clients_per_file_and_per_dir(tmp_path: Path) -> None:
     (tmp_path / "d1").mkdir()
     (tmp_path / "d2").mkdir()
     files = [_ramp_csv(tmp_path / d / f"{n}.csv", 50) for d in ("d1", "d2") for n in ("x", "y")]
@@ -178,7 +178,7 @@ def test_clients_per_file_and_per_dir(tmp_path):
 
 
 @pytest.mark.shared_data
-def test_intel_activity_shard(tmp_path):
+def test_intel_activity_shard(tmp_path: Path) -> None:
     files = _activity_files()
     out = tmp_path / "act"
     prepare_shards("intel5300", files, labels="filename", out=out, window=50, normalize=True)
@@ -195,13 +195,13 @@ def test_intel_activity_shard(tmp_path):
 # ----------------------------------------------------------------------------- errors
 
 
-def _assert_clean(exc: pytest.ExceptionInfo, path: Path, out: Path) -> None:
+def _assert_clean(exc: pytest.ExceptionInfo[BaseException], path: Path, out: Path) -> None:
     assert str(path) in str(exc.value)
     assert not out.exists()
     assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
 
 
-def test_unreadable_file_leaves_no_output(tmp_path):
+def test_unreadable_file_leaves_no_output(tmp_path: Path) -> None:
     good = _ramp_csv(tmp_path / "good.csv", 50)
     bad = tmp_path / "bad.csv"
     bad.write_bytes(b"\x00\xff\xfe garbage")
@@ -215,7 +215,7 @@ def test_unreadable_file_leaves_no_output(tmp_path):
     _assert_clean(info, missing, out)
 
 
-def test_too_few_packets_names_the_file(tmp_path):
+def test_too_few_packets_names_the_file(tmp_path: Path) -> None:
     good = _ramp_csv(tmp_path / "good.csv", 50)
     short = _ramp_csv(tmp_path / "short.csv", 5)
     out = tmp_path / "out"
@@ -224,7 +224,7 @@ def test_too_few_packets_names_the_file(tmp_path):
     _assert_clean(info, short, out)
 
 
-def test_single_window_recordings_cannot_be_split(tmp_path):
+def test_single_window_recordings_cannot_be_split(tmp_path: Path) -> None:
     one = _ramp_csv(tmp_path / "one.csv", 12)
     out = tmp_path / "out"
     with pytest.raises(DataError, match="train/test split") as info:
@@ -233,7 +233,7 @@ def test_single_window_recordings_cannot_be_split(tmp_path):
     assert prepare_shards("csv", [one], labels="0", out=out, window=10, test_fraction=0.0) == [out]
 
 
-def test_mismatched_subcarriers_in_one_client(tmp_path):
+def test_mismatched_subcarriers_in_one_client(tmp_path: Path) -> None:
     a = _ramp_csv(tmp_path / "a.csv", 50, columns=4)
     b = _ramp_csv(tmp_path / "b.csv", 50, columns=6)
     out = tmp_path / "out"
@@ -248,7 +248,7 @@ def test_mismatched_subcarriers_in_one_client(tmp_path):
 
 
 @pytest.mark.shared_data
-def test_wrong_format_and_mixed_devices(tmp_path):
+def test_wrong_format_and_mixed_devices(tmp_path: Path) -> None:
     intel = require_shared("csi-samples", "intel5300", "sample_0x1_ap.dat")
     ath = require_shared("csi-samples", "atheros", "ath_csi_1.dat")
     out = tmp_path / "out"
@@ -261,7 +261,7 @@ def test_wrong_format_and_mixed_devices(tmp_path):
     _assert_clean(info, passive, out)
 
 
-def test_existing_output_is_not_touched(tmp_path):
+def test_existing_output_is_not_touched(tmp_path: Path) -> None:
     a = _ramp_csv(tmp_path / "a.csv", 50)
     out = tmp_path / "out"
     out.mkdir()
@@ -283,7 +283,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def test_cli_prepare_and_inspect(tmp_path, capsys):
+def test_cli_prepare_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = _ramp_csv(tmp_path / "a.csv", 60)
     out = tmp_path / "out"
     args = _parser().parse_args(
@@ -317,7 +317,7 @@ def test_cli_prepare_and_inspect(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["num_train"] == load_shard(out).num_train
 
 
-def test_cli_errors_are_one_line(tmp_path, capsys):
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     code = main(
         [
@@ -347,7 +347,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 
 @pytest.mark.shared_data
-def test_espectre_federation():
+def test_espectre_federation() -> None:
     root = require_shared("espectre")
     window = 64
     assert ESPECTRE_CHIPS == ("c3", "c5", "c6", "esp32", "s3")
@@ -377,7 +377,7 @@ def test_espectre_federation():
 
 
 @pytest.mark.shared_data
-def test_espectre_overlapping_stride_still_splits_cleanly():
+def test_espectre_overlapping_stride_still_splits_cleanly() -> None:
     root = require_shared("espectre")
     shard = espectre_shard(1, root=root, window=100, stride=50, normalize=False)
     for f in shard.meta["files"]:
@@ -386,7 +386,7 @@ def test_espectre_overlapping_stride_still_splits_cleanly():
         assert train.max() + 100 <= test.min()  # no packet in both
 
 
-def test_espectre_missing_root_names_it(tmp_path):
+def test_espectre_missing_root_names_it(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="not found") as info:
         espectre_shard(0, root=tmp_path / "nowhere", window=64)
     assert str(tmp_path / "nowhere") in str(info.value)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mqttfl.algorithms import get_algorithm, make_context
-from mqttfl.algorithms.base import Context
+from mqttfl.algorithms.base import Algorithm, Context
 from mqttfl.config import TrainConfig, load_config
 from mqttfl.data.shard import Shard
 from mqttfl.errors import ConfigError, WireError
@@ -265,7 +265,9 @@ def test_target_epsilon_solves_the_noise_for_the_planned_uploads() -> None:
 INFO = ClientInfo("0", "tiny", (0, 1, 2), 12, (8, 6))
 
 
-def _client(name: str, privacy: PrivacySettings | None):
+def _client(
+    name: str, privacy: PrivacySettings | None
+) -> tuple[Algorithm, Context, Any]:  # the client: the method's own class
     algorithm = get_algorithm(name)
     ctx = Context(3, 4, 2, 0, algorithm.params(), privacy)
     rng = np.random.default_rng(0)
@@ -367,6 +369,7 @@ def test_watch_shows_epsilon_from_the_uploads_it_saw() -> None:
 
 
 def test_the_final_table_and_the_report_show_epsilon_per_client() -> None:
+    from mqttfl.engine.documents import RunSummary
     from mqttfl.evaluation.report import privacy_lines
     from mqttfl.evaluation.table import format_table
 
@@ -381,17 +384,18 @@ def test_the_final_table_and_the_report_show_epsilon_per_client() -> None:
         "mean": row,
         "comm": {"up_bytes_per_client_round": 10.0, "down_bytes_per_client_round": 20.0},
     }
-    assert "ε" not in format_table(summary)  # [privacy] off: the table is unchanged
-    assert privacy_lines(summary) == []
+    assert "ε" not in format_table(RunSummary.model_validate(summary))  # [privacy] off
+    assert privacy_lines(RunSummary.model_validate(summary).privacy) == []
     config = load_config(
         None, ["privacy.enabled=true", "privacy.clip=1.0", "privacy.noise_multiplier=2.0"]
     )
     summary.update(privacy_summary(config, {"0": 3, "1": 1}))
-    table = format_table(summary).splitlines()
+    private = RunSummary.model_validate(summary)
+    table = format_table(private).splitlines()
     assert table[1].split()[-1] == "ε"
     assert float(table[2].split()[-1]) == pytest.approx(epsilon_spent(2.0, 3, 1e-5), abs=0.01)
     assert float(table[3].split()[-1]) == pytest.approx(epsilon_spent(2.0, 1, 1e-5), abs=0.01)
-    report = privacy_lines(summary)
+    report = privacy_lines(private.privacy)
     assert f"| 0 | 3 | {epsilon_spent(2.0, 3, 1e-5):.3f} |" in report
 
 

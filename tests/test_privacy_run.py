@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import operator
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.slow
 DP = ["privacy.enabled=true", "privacy.clip=1.0", "privacy.noise_multiplier=0.8"]
 
 
-def _run(out: Path, *extra: str):
+def _run(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     sets = (*FAST, "federation.num_clients=3", "federation.min_clients=1", *DP, *extra)
     return mqttfl(
         "run",

@@ -14,6 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from mqttfl.config import load_config
+from mqttfl.engine.documents import RunSummary
 from mqttfl.evaluation.pooled import client_shards
 from mqttfl.evaluation.reference import (
     LocalReference,
@@ -134,8 +135,12 @@ def _summary() -> dict[str, Any]:
         "rounds_completed": 3,
         "clients": {"0": {"accuracy": 0.5, **row}, "1": {"accuracy": 0.25, **row}},
         "mean": {"accuracy": 0.375, "f1": 0.3, "mae": 1.5},
-        "comm": {"up_bytes_per_client_round": 1000, "down_bytes_per_client_round": 2000},
+        "comm": {"up_bytes_per_client_round": 1000.0, "down_bytes_per_client_round": 2000.0},
     }
+
+
+def _doc(summary: dict[str, Any]) -> RunSummary:
+    return RunSummary.model_validate(summary)
 
 
 def test_the_table_shows_local_and_gain_beside_each_accuracy() -> None:
@@ -144,9 +149,10 @@ def test_the_table_shows_local_and_gain_beside_each_accuracy() -> None:
         "1": {"accuracy": 0.3, "f1": 0.2, "mae": 2.0},
     }
     reference = LocalReference(local, "k" * 64, "cached", Path("/cache/k.json"), 12.0)
-    summary = with_reference(_summary(), reference)
-    assert summary["local_reference"]["gain"]["clients"] == pytest.approx({"0": 0.1, "1": -0.05})
-    assert summary["local_reference"]["gain"]["mean"] == pytest.approx(0.025)
+    summary = with_reference(_doc(_summary()), reference)
+    assert summary.local_reference is not None
+    assert summary.local_reference.gain.clients == pytest.approx({"0": 0.1, "1": -0.05})
+    assert summary.local_reference.gain.mean == pytest.approx(0.025)
     lines = format_table(summary).splitlines()
     assert lines[1].split() == [
         "client",
@@ -166,7 +172,7 @@ def test_the_table_shows_local_and_gain_beside_each_accuracy() -> None:
     assert "gain = accuracy - local" in lines[5]
     assert lines[6] == "local reference: reused from /cache/k.json"
 
-    plain = format_table(_summary()).splitlines()
+    plain = format_table(_doc(_summary())).splitlines()
     assert "local" not in plain[1]
     assert "gain" not in plain[1]
     assert plain[2].split() == ["0", "0.5000", "0.3000", "1.500", "10.0", "20.0"]
@@ -176,7 +182,7 @@ def test_a_client_without_a_reference_shows_dashes() -> None:
     reference = LocalReference(
         {"0": {"accuracy": 0.4, "f1": 0.2, "mae": 2.0}}, "k" * 64, "trained", None, 3.0
     )
-    lines = format_table(with_reference(_summary(), reference)).splitlines()
+    lines = format_table(with_reference(_doc(_summary()), reference)).splitlines()
     assert lines[3].split()[:4] == ["1", "0.2500", "-", "-"]
     assert lines[4].split()[:4] == ["mean", "0.3750", "0.4000", "+0.1000"]
     assert lines[6] == "local reference: trained in 3 s, could not be cached"
@@ -188,20 +194,20 @@ def test_the_table_names_its_split_and_says_what_federation_bought() -> None:
         "1": {"accuracy": 0.3, "f1": 0.2, "mae": 2.0},
     }
     reference = LocalReference(local, "k" * 64, "cached", Path("/cache/k.json"), 12.0)
-    summary = with_reference({**_summary(), "split": "session"}, reference)
+    summary = with_reference(_doc({**_summary(), "split": "session"}), reference)
     lines = format_table(summary).splitlines()
     assert "session split" in lines[0]
     assert lines[-1] == (
         "federation gained 2.5 points over training alone "
         "(fedapa 37.5 % vs Local 35.0 %, session split); 1 of 2 clients gained"
     )
-    window = format_table({**_summary(), "split": "window"}).splitlines()
+    window = format_table(_doc({**_summary(), "split": "window"})).splitlines()
     assert "window split" in window[0]
 
 
 def test_mae_is_shown_only_for_count_labels() -> None:
-    activities = format_table({**_summary(), "ordinal_labels": False}).splitlines()
+    activities = format_table(_doc({**_summary(), "ordinal_labels": False})).splitlines()
     assert "MAE" not in activities[1]
     assert activities[2].split() == ["0", "0.5000", "0.3000", "10.0", "20.0"]
-    counts = format_table({**_summary(), "ordinal_labels": True}).splitlines()
+    counts = format_table(_doc({**_summary(), "ordinal_labels": True})).splitlines()
     assert "MAE" in counts[1]

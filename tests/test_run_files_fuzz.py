@@ -32,7 +32,8 @@ from hypothesis import strategies as st
 from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.config import RunConfig, load_config
 from mqttfl.data.sources import load_client_shard
-from mqttfl.engine.journal import Journal, read_metrics_file
+from mqttfl.engine.documents import read_metrics_file
+from mqttfl.engine.journal import Journal
 from mqttfl.engine.state import check_resume
 from mqttfl.errors import MqttflError
 from mqttfl.evaluation.report import find_runs, method_rows, render_markdown
@@ -105,7 +106,7 @@ def test_export_reads_metrics_up_to_the_last_complete_line_and_changes_nothing(
     sensor = json.loads((tmp_path / "export" / "sensor.json").read_text())
     assert sensor["run"]["round"] >= 1
     complete, _ = read_metrics_file(metrics)
-    assert sensor["scores"]["round"] == max(r["round"] for r in complete if r["client_id"] == "1")
+    assert sensor["scores"]["round"] == max(r.round for r in complete if r.client_id == "1")
 
 
 @pytest.mark.parametrize(
@@ -239,7 +240,8 @@ def test_any_metrics_jsonl(finished: Path, config: RunConfig, data: st.DataObjec
         else:
             cut = data.draw(st.integers(0, len(raw)))
             path.write_bytes(raw[:cut])
-            records, _ = read_metrics_file(path)  # the complete lines (and a whole last one)
+            read, _ = read_metrics_file(path)  # the complete lines (and a whole last one)
+            records = [line.model_dump(exclude_unset=True) for line in read]
             complete, originals = raw[:cut].count(b"\n"), [json.loads(x) for x in raw.splitlines()]
             assert records[:complete] == originals[:complete]
             assert records[complete:] in ([], originals[complete : complete + 1])

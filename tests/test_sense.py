@@ -43,7 +43,8 @@ def _frame(amplitudes: np.ndarray) -> bytes:
     """A msgpack frame whose I/Q (imaginary first) has these amplitudes exactly."""
     iq = np.zeros(2 * len(amplitudes), np.float64)
     iq[1::2] = amplitudes
-    return msgpack.packb({"csi": iq.tolist(), "t": 1_700_000_000.0})
+    frame: bytes = msgpack.packb({"csi": iq.tolist(), "t": 1_700_000_000.0})
+    return frame
 
 
 def _scores(export: Path, x: np.ndarray) -> np.ndarray:

@@ -47,14 +47,16 @@ def recorder(broker: LocalBroker) -> Iterator[Recorder]:
 
 def _iq(seed: int) -> list[float]:
     """One ESP packet's I/Q (64 subcarriers), int8 values as numbers."""
-    return np.random.default_rng(seed).integers(-40, 40, 128).astype(float).tolist()
+    iq: list[float] = np.random.default_rng(seed).integers(-40, 40, 128).astype(float).tolist()
+    return iq
 
 
 def _frame(iq: Sequence[float], t: float | None = None) -> bytes:
     frame: dict[str, Any] = {"csi": list(iq)}
     if t is not None:
         frame["t"] = t
-    return msgpack.packb(frame)
+    raw: bytes = msgpack.packb(frame)
+    return raw
 
 
 def _start(
@@ -329,7 +331,8 @@ def test_an_error_while_sensing_leaves_the_sensor_offline(
 
     from mqttfl.bus.address import BrokerAddress
     from mqttfl.errors import DataError
-    from mqttfl.sensing.runner import SenseOptions, Sensor, Source
+    from mqttfl.sensing.runner import SenseOptions, Sensor
+    from mqttfl.sensing.source import parse_source
 
     async def broken(self: Sensor) -> None:
         recorder.wait_for(_availability(), b"online")
@@ -337,7 +340,7 @@ def test_an_error_while_sensing_leaves_the_sensor_offline(
 
     monkeypatch.setattr(Sensor, "_sense", broken)
     options = SenseOptions(
-        exported, Source.parse(f"mqtt:{TOPIC}"), BrokerAddress.parse(broker.url), name=NAME
+        exported, parse_source(f"mqtt:{TOPIC}"), BrokerAddress.parse(broker.url), name=NAME
     )
     with pytest.raises(DataError, match="cannot go on"):
         asyncio.run(Sensor(options, out=io.StringIO(), err=io.StringIO()).run())

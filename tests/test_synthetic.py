@@ -128,10 +128,10 @@ def test_config_offers_exactly_the_simulated_devices() -> None:
 def test_a_recording_day_holds_one_gain_for_every_count() -> None:
     """Issue 31: the session level is the day's AGC setting, the same for every count
     recorded that day, and it differs between days by the calibrated spread."""
-    from mqttfl.data.synthetic import SESSION_LEVEL_SIGMA, _draw_sessions
+    from mqttfl.data.synthetic import SESSION_LEVEL_SIGMA, draw_sessions
 
     room = room_profile(0, seed=0)
-    levels = _draw_sessions(np.random.default_rng(0), room, 400)["level"]
+    levels = draw_sessions(np.random.default_rng(0), room, 400)["level"]
     assert levels.shape == (room.label_probs.size, 400)
     np.testing.assert_array_equal(levels, np.broadcast_to(levels[0], levels.shape))
     assert np.std(np.log(levels[0])) == pytest.approx(SESSION_LEVEL_SIGMA, rel=0.15)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -13,9 +14,10 @@ from hypothesis import strategies as st
 from mqttfl.errors import WireError
 from mqttfl.wire import ArrayField, IntField, Message, PayloadSchema, Topics, decode, encode
 from mqttfl.wire.codec import ARRAY_EXT
+from mqttfl.wire.topics import DownTopic, StartTopic, StateTopic, StatusTopic, UploadTopic
 
 
-def _msg(body: dict) -> Message:
+def _msg(body: dict[str, Any]) -> Message:
     return Message("upload", "run", 3, "7", body)
 
 
@@ -46,7 +48,8 @@ def _raw_array(dtype: str, shape: list[int], data: bytes) -> bytes:
         "sender": "1",
         "body": {"a": ext},
     }
-    return msgpack.packb(envelope, use_bin_type=True)
+    raw: bytes = msgpack.packb(envelope, use_bin_type=True)
+    return raw
 
 
 @pytest.mark.parametrize(
@@ -139,12 +142,11 @@ def test_declared_shape_must_match_the_bytes(data: bytes, shape: list[int], dtyp
 def test_topics_build_and_parse() -> None:
     topics = Topics("run-1")
     assert topics.up(4, "7") == "mqttfl/run-1/round/4/up/7"
-    info = topics.parse(topics.up(4, "7"))
-    assert (info.kind, info.round, info.client) == ("up", 4, "7")
-    assert topics.parse(topics.down_all(2)).client == "all"
-    assert topics.parse(topics.start(9)).round == 9
-    assert topics.parse(topics.state).kind == "state"
-    assert topics.parse(topics.status("3")).client == "3"
+    assert topics.parse(topics.up(4, "7")) == UploadTopic(4, "7")
+    assert topics.parse(topics.down_all(2)) == DownTopic(2, "all")
+    assert topics.parse(topics.start(9)) == StartTopic(9)
+    assert topics.parse(topics.state) == StateTopic()
+    assert topics.parse(topics.status("3")) == StatusTopic("3")
     for bad in (
         "mqttfl/other/state",
         "mqttfl/run-1/round/x/up/1",
@@ -166,7 +168,7 @@ SCHEMA = PayloadSchema(
 )
 
 
-def _body(**changes: object) -> dict:
+def _body(**changes: object) -> dict[str, Any]:
     body = {"classes": np.array([0, 3]), "prototypes": np.ones((2, 4), np.float32), "count": 5}
     body.update(changes)
     return body
@@ -192,7 +194,7 @@ def test_schema_accepts_a_valid_body() -> None:
         ({"classes": np.zeros(0, np.int64), "prototypes": np.zeros((0, 4), np.float32)}, "shape"),
     ],
 )
-def test_schema_rejections(changes: dict, reason: str) -> None:
+def test_schema_rejections(changes: dict[str, Any], reason: str) -> None:
     with pytest.raises(WireError) as info:
         SCHEMA.validate(_body(**changes))
     assert info.value.reason == reason

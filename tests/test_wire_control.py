@@ -4,6 +4,7 @@ proves only WireError ever leaves a reader (over 10,000 generated cases)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -30,6 +31,14 @@ from mqttfl.wire.control import (
     read_status,
 )
 from mqttfl.wire.schemas import ClientInfo
+from mqttfl.wire.topics import (
+    MAX_ROUND,
+    AckTopic,
+    DownTopic,
+    MetricsTopic,
+    StartTopic,
+    UploadTopic,
+)
 
 RUN = "run"
 TOPICS = Topics(RUN)
@@ -65,10 +74,11 @@ def _start_body(**changes: Any) -> dict[str, Any]:
 
 
 def _raw(kind: str, body: Any, *, t: int = 2, sender: str = "coordinator", run: str = RUN) -> bytes:
-    return msgpack.packb(
+    raw: bytes = msgpack.packb(
         {"v": 1, "type": kind, "run": run, "round": t, "sender": sender, "body": body},
         use_bin_type=True,
     )
+    return raw
 
 
 @pytest.mark.parametrize(
@@ -174,8 +184,8 @@ def test_a_hostile_topic_is_a_wire_error(topic: str) -> None:
 
 def test_topics_of_the_run_parse() -> None:
     assert TOPICS.parse("mqttfl/run/round/12/ack/3") == TOPICS.parse(TOPICS.ack(12, "3"))
-    assert TOPICS.parse(TOPICS.down_all(0)).client == "all"
-    assert TOPICS.parse(TOPICS.up(999_999_999, "x")).round == 999_999_999
+    assert TOPICS.parse(TOPICS.down_all(0)) == DownTopic(0, "all")
+    assert TOPICS.parse(TOPICS.up(999_999_999, "x")) == UploadTopic(999_999_999, "x")
 
 
 # --- fuzzing: only WireError leaves a reader -------------------------------------------------
@@ -236,7 +246,7 @@ def _envelopes(kind: str) -> st.SearchStrategy[bytes]:
     return st.one_of(packed, st.binary(max_size=64))
 
 
-READERS = {
+READERS: dict[str, Callable[[bytes, int, str], object]] = {
     "start": lambda raw, t, c: read_start(raw, run_id=RUN, round=t),
     "state": lambda raw, t, c: read_run_status(raw, run_id=RUN),
     "status": lambda raw, t, c: read_status(raw, run_id=RUN, client=c),
@@ -337,4 +347,8 @@ def test_fuzz_topics(levels: list[str]) -> None:
         where = TOPICS.parse("/".join(levels))
     except WireError:
         return
-    assert where.round is None or 0 <= where.round <= 999_999_999
+    match where:
+        case StartTopic(t) | DownTopic(t, _) | AckTopic(t, _) | UploadTopic(t, _):
+            assert 0 <= t <= MAX_ROUND
+        case MetricsTopic(t, _):
+            assert 0 <= t <= MAX_ROUND

@@ -20,17 +20,18 @@ else:
     nn = lazy_import("torch.nn")
 
 
-def _float_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    # Parameters and BatchNorm running statistics; the integer batch counter stays local.
+def float_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The state-dict entries that travel as weights, in order: parameters and BatchNorm
+    running statistics (the integer batch counter stays local)."""
     return [(k, v) for k, v in model.state_dict().items() if v.is_floating_point()]
 
 
 def flatten_weights(model: nn.Module) -> np.ndarray:
-    return torch.cat([v.detach().reshape(-1).float() for _, v in _float_entries(model)]).numpy()
+    return torch.cat([v.detach().reshape(-1).float() for _, v in float_entries(model)]).numpy()
 
 
 def load_weights(model: nn.Module, flat: np.ndarray) -> None:
-    entries = _float_entries(model)
+    entries = float_entries(model)
     expected = sum(v.numel() for _, v in entries)
     if flat.shape != (expected,):
         raise ModelError(f"weight vector has shape {flat.shape}, model needs ({expected},)")

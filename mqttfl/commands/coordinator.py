@@ -7,7 +7,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mqttfl.commands.common import (
     add_config_args,
@@ -19,6 +19,9 @@ from mqttfl.commands.common import (
 from mqttfl.config import RunConfig, load_config
 from mqttfl.logs import get_logger
 from mqttfl.paths import make_dir
+
+if TYPE_CHECKING:
+    from mqttfl.engine.documents import RunSummary
 
 
 def add_coordinator_command(subparsers: Any) -> None:
@@ -97,7 +100,7 @@ def _check_shapes(config: RunConfig) -> None:
         raise ConfigError(key, problem)
 
 
-def _print_table(config: RunConfig, summary: dict[str, Any], out: Path, *, train: bool) -> None:
+def _print_table(config: RunConfig, summary: RunSummary, out: Path, *, train: bool) -> None:
     from mqttfl.evaluation.reference import add_local_reference
     from mqttfl.evaluation.table import format_table
 

@@ -92,6 +92,7 @@ def _monitor_factory(
 
 def cmd_run(args: argparse.Namespace) -> int:
     from mqttfl.algorithms import check_models, make_context
+    from mqttfl.data.shapes import check_sample_shapes
     from mqttfl.evaluation.table import format_table
     from mqttfl.launch.local import LocalFederation, default_out_dir
     from mqttfl.monitor.progress import ReferenceProgress, console_for
@@ -99,8 +100,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     make_context(config)  # fail on a bad [method] table before starting anything
     check_models(config)
-    from mqttfl.data.shapes import check_sample_shapes
-
     check_sample_shapes(config)  # every client's model takes its shard's samples
     # Check --broker here, once, rather than in each of the children it is passed to.
     broker = broker_url(args.broker) if args.broker else None

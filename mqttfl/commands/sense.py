@@ -93,7 +93,8 @@ def cmd_sense(args: argparse.Namespace) -> int:
     from mqttfl.bus.address import BrokerAddress, Credentials
     from mqttfl.logs import configure_logging
     from mqttfl.sensing.publish import check_discovery_prefix, check_name
-    from mqttfl.sensing.runner import SenseOptions, Sensor, Source
+    from mqttfl.sensing.runner import SenseOptions, Sensor
+    from mqttfl.sensing.source import parse_source
 
     configure_logging(None, level="error")  # the sensor writes its own lines (dropped frames)
     try:  # before loading the model: both go into topics
@@ -113,7 +114,7 @@ def cmd_sense(args: argparse.Namespace) -> int:
     broker = BrokerAddress.parse(broker_url(args.broker)) if args.broker else None
     options = SenseOptions(
         directory=args.directory,
-        source=Source.parse(args.input),
+        source=parse_source(args.input),
         broker=broker,
         credentials=Credentials(args.username, password, args.tls_ca),
         name=args.name,

@@ -44,9 +44,8 @@ both ``esp32`` and ``npz`` int8 data are decoded that way (as csiread does).
 
 from __future__ import annotations
 
-import csv
-import io
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,9 +64,9 @@ from mqttfl.data.capture_checks import (
     walk_nexmon_pcap,
 )
 from mqttfl.data.capture_esp32 import esp_iq_to_complex, parse_esp32_csv_tolerant
+from mqttfl.data.capture_files import npz_features, open_npz, read_numeric_csv, scalar_str
 from mqttfl.errors import DataError
 
-FORMATS: tuple[str, ...] = ("intel5300", "atheros", "nexmon", "esp32", "npz", "csv")
 NEXMON_CHIPS: tuple[str, ...] = ("4339", "43455c0", "4358", "4366c0")
 NEXMON_BANDWIDTHS: tuple[int, ...] = (20, 40, 80)
 # Chips whose 64 CSI bins arrive centred (-32..31) rather than in FFT order.
@@ -306,33 +305,13 @@ def _load_esp32(path: Path) -> Capture:
 # ----------------------------------------------------------------------------- npz / csv
 
 
-def _open_npz(path: Path) -> dict[str, np.ndarray]:
-    read_capture_bytes(path)  # existence / emptiness
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            if not hasattr(npz, "files"):
-                raise DataError(path, "holds a single .npy array, expected an .npz archive")
-            return {key: npz[key] for key in npz.files}
-    except DataError:
-        raise
-    except Exception as exc:
-        raise not_format_error(path, "npz", f"unreadable archive: {type(exc).__name__}") from None
-
-
-def _scalar_str(arrays: dict[str, np.ndarray], key: str) -> str | None:
-    value = arrays.get(key)
-    if value is None or value.ndim != 0:
-        return None
-    return str(value.item())
-
-
 def _load_npz(path: Path) -> Capture:
-    arrays = _open_npz(path)
+    arrays = open_npz(path)
     if "csi_data" not in arrays:
         keys = ", ".join(sorted(arrays)) or "none"
         raise DataError(path, f"no 'csi_data' array (keys: {keys})")
     raw = arrays["csi_data"]
-    chip = (_scalar_str(arrays, "chip") or "").lower()
+    chip = (scalar_str(arrays, "chip") or "").lower()
     if raw.ndim < 2 or raw.shape[0] == 0:
         raise DataError(path, f"csi_data has shape {raw.shape}, expected (packets, subcarriers...)")
     if np.issubdtype(raw.dtype, np.complexfloating):
@@ -362,49 +341,47 @@ def _load_npz(path: Path) -> Capture:
         bandwidth=20 if phy else None,
         device=f"esp32:{chip}" if chip else "npz",
         invalid_index=invalid,
-        info={"kind": kind, "label": _scalar_str(arrays, "label"), "chip": chip or None},
+        info={"kind": kind, "label": scalar_str(arrays, "label"), "chip": chip or None},
     )
 
 
-def _read_numeric_csv(path: Path) -> np.ndarray:
-    data = read_capture_bytes(path)
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise not_format_error(path, "csv", "binary data, expected a CSV text file") from None
-    rows: list[list[float]] = []
-    width: int | None = None
-    for lineno, cells in enumerate(csv.reader(io.StringIO(text)), start=1):
-        cells = [c.strip() for c in cells]
-        if not any(cells):
-            continue
-        try:
-            values = [float(c) for c in cells if c != ""]
-        except ValueError:
-            if not rows and lineno == 1:
-                continue  # a header row
-            hint = (
-                "; looks like an ESP32-CSI-Tool file, use --format esp32"
-                if cells[0] == "CSI_DATA"
-                else ""
-            )
-            raise DataError(path, f"line {lineno}: not a row of numbers{hint}") from None
-        if width is None:
-            width = len(values)
-        elif len(values) != width:
-            raise DataError(path, f"line {lineno}: {len(values)} columns, earlier rows {width}")
-        rows.append(values)
-    if not rows or not width:
-        raise DataError(path, "no numeric rows found")
-    out = np.asarray(rows, dtype=np.float64)
-    if not np.isfinite(out).all():
-        raise DataError(path, "contains NaN or infinite values")
-    return out
-
-
 def _load_csv(path: Path) -> Capture:
-    csi = checked_csi(path, _read_numeric_csv(path), "csv")
+    csi = checked_csi(path, read_numeric_csv(path), "csv")
     return Capture(path=path, fmt="csv", csi=csi, device="csv", info={"kind": "real"})
+
+
+# ----------------------------------------------------------------------------- formats
+
+#: (path, nexmon chip, nexmon bandwidth) -> the parsed capture
+Loader = Callable[[Path, str | None, int | None], Capture]
+
+
+def _path_only(load: Callable[[Path], Capture]) -> Loader:
+    """A loader that needs no nexmon settings."""
+    return lambda path, chip, bw: load(path)
+
+
+@dataclass(frozen=True)
+class CaptureFormat:
+    """One ``fmt`` of :func:`load_capture`: adding a format is one entry below."""
+
+    name: str
+    load: Loader
+    #: reads 1-D feature vectors, one sample per row; None: the format holds none
+    features: Callable[[Path], np.ndarray] | None = None
+
+
+_FORMATS = (
+    CaptureFormat("intel5300", _path_only(_load_intel)),
+    CaptureFormat("atheros", _path_only(_load_atheros)),
+    CaptureFormat("nexmon", _load_nexmon),
+    CaptureFormat("esp32", _path_only(_load_esp32)),
+    CaptureFormat("npz", _path_only(_load_npz), features=npz_features),
+    CaptureFormat("csv", _path_only(_load_csv), features=read_numeric_csv),
+)
+#: fmt -> its entry, in the order ``data prepare --format`` lists them
+CAPTURE_FORMATS: Mapping[str, CaptureFormat] = {f.name: f for f in _FORMATS}
+FORMATS: tuple[str, ...] = tuple(CAPTURE_FORMATS)
 
 
 # ----------------------------------------------------------------------------- public
@@ -423,19 +400,10 @@ def load_capture(
     or not a ``fmt`` capture.
     """
     path = Path(path)
-    if fmt not in FORMATS:
+    spec = CAPTURE_FORMATS.get(fmt)
+    if spec is None:
         raise DataError(path, f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
-    if fmt == "intel5300":
-        return _load_intel(path)
-    if fmt == "atheros":
-        return _load_atheros(path)
-    if fmt == "nexmon":
-        return _load_nexmon(path, nexmon_chip, nexmon_bw)
-    if fmt == "esp32":
-        return _load_esp32(path)
-    if fmt == "npz":
-        return _load_npz(path)
-    return _load_csv(path)
+    return spec.load(path, nexmon_chip, nexmon_bw)
 
 
 def read_capture(
@@ -459,23 +427,10 @@ def read_features(path: str | Path, fmt: str) -> np.ndarray:
     ``csv``: rows of numbers (an optional header row is skipped).
     """
     path = Path(path)
-    if fmt == "csv":
-        out = _read_numeric_csv(path)
-    elif fmt == "npz":
-        arrays = _open_npz(path)
-        for key in ("x", "features", "csi_data"):
-            if key in arrays:
-                out = arrays[key]
-                break
-        else:
-            keys = ", ".join(sorted(arrays)) or "none"
-            raise DataError(path, f"no 'x', 'features' or 'csi_data' array (keys: {keys})")
-        if out.ndim != 2 or not np.issubdtype(out.dtype, np.number) or np.iscomplexobj(out):
-            raise DataError(
-                path, f"feature array {key!r} must be real and 2-D, got {out.dtype} {out.shape}"
-            )
-    else:
+    spec = CAPTURE_FORMATS.get(fmt)
+    if spec is None or spec.features is None:
         raise DataError(path, f"feature vectors come from npz or csv files, not {fmt}")
+    out = spec.features(path)
     if out.shape[0] == 0 or out.shape[1] == 0:
         raise DataError(path, "no feature rows found")
     out = out.astype(np.float32)

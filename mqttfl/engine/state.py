@@ -11,18 +11,34 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mqttfl.config import RunConfig
+from mqttfl.engine.documents import (
+    Checkpoint,
+    MetricsLine,
+    PrivacyBlock,
+    RunSummary,
+    SavedDownlinks,
+    Traffic,
+    checkpoint_from_map,
+)
 from mqttfl.engine.journal import Journal, mean_over_clients, read_checkpoint, summarize_clients
 from mqttfl.errors import DataError, StateError
 from mqttfl.files import JsonLines, one_line, set_aside, set_aside_tail
 from mqttfl.privacy.accountant import privacy_summary
 from mqttfl.wire.control import DownlinkPayloads
 from mqttfl.wire.ids import client_order
-from mqttfl.wire.topics import MAX_ROUND
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger as BoundLogger
 
-__all__ = ["Resume", "RunState", "check_resume", "client_order"]
+__all__ = [
+    "MetricsLine",
+    "Resume",
+    "RunState",
+    "RunSummary",
+    "check_resume",
+    "client_order",
+    "run_summary",
+]
 
 
 def _comm() -> dict[str, int]:
@@ -48,95 +64,53 @@ class RunState:
     buffered: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self, config: RunConfig) -> dict[str, Any]:
-        return {
-            "run_id": config.run_id,
-            "method": config.method,
-            "round": self.round,
-            "server": self.server,
-            "comm": dict(self.comm),
-            "retries": self.retries,
-            "missing_uploads": self.missing_uploads,
-            "rejections": dict(self.rejections),
-            "rejected_messages": dict(self.rejected_messages),
-            "downlink_payloads": None
-            if self.downlinks is None
-            else {"broadcast": self.downlinks.broadcast, "personal": self.downlinks.personal},
-            "clients": sorted(self.clients, key=client_order),
-            "uploads": dict(self.uploads),
-            **({"buffered": self.buffered} if self.buffered else {}),
-        }
+        """checkpoint.msgpack's map (:class:`~mqttfl.engine.documents.Checkpoint`)."""
+        downlinks = self.downlinks
+        return Checkpoint.model_construct(
+            run_id=config.run_id,
+            method=config.method,
+            round=self.round,
+            server=self.server,
+            comm=dict(self.comm),
+            retries=self.retries,
+            missing_uploads=self.missing_uploads,
+            rejections=dict(self.rejections),
+            rejected_messages=dict(self.rejected_messages),
+            downlink_payloads=None
+            if downlinks is None
+            else SavedDownlinks.model_construct(
+                broadcast=downlinks.broadcast, personal=downlinks.personal
+            ),
+            clients=sorted(self.clients, key=client_order),
+            uploads=dict(self.uploads),
+            buffered=self.buffered,
+        ).to_map()
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], config: RunConfig, *, source: str) -> RunState:
-        """Raise MqttflError if the checkpoint belongs to another run or method, and
-        DataError naming ``source`` and the field if it is malformed."""
-        if data.get("run_id") != config.run_id or data.get("method") != config.method:
-            raise StateError(
-                f"{source}: belongs to run {str(data.get('run_id'))[:80]!r} "
-                f"({str(data.get('method'))[:80]}); use another --out"
-            )
-        problem = _malformed(data)
-        if problem is not None:
-            raise DataError(source, f"not a checkpoint of this version: {problem}")
-        saved = data.get("downlink_payloads")
+    def from_dict(cls, data: Any, config: RunConfig, *, source: str) -> RunState:
+        """StateError if the checkpoint belongs to another run or method, and DataError
+        naming ``source`` and the field if it is malformed or of another version."""
+        saved = checkpoint_from_map(data, source, run_id=config.run_id, method=config.method)
+        return cls.from_checkpoint(saved)
+
+    @classmethod
+    def from_checkpoint(cls, saved: Checkpoint) -> RunState:
+        downlinks = saved.downlink_payloads
         return cls(
-            round=int(data["round"]),
-            server=data["server"],
-            comm={**_comm(), **data["comm"]},
-            retries=int(data["retries"]),
-            missing_uploads=int(data["missing_uploads"]),
-            rejections=Counter(data["rejections"]),
-            rejected_messages=Counter(data.get("rejected_messages", {})),
-            downlinks=DownlinkPayloads(saved["broadcast"], dict(saved["personal"]))
-            if saved
-            else None,
-            clients=[str(c) for c in data.get("clients", [])],
-            uploads=Counter({str(k): int(v) for k, v in dict(data.get("uploads") or {}).items()}),
-            buffered=dict(data.get("buffered") or {}),
+            round=saved.round,
+            server=saved.server,
+            comm={**_comm(), **saved.comm},
+            retries=saved.retries,
+            missing_uploads=saved.missing_uploads,
+            rejections=Counter(saved.rejections),
+            rejected_messages=Counter(saved.rejected_messages),
+            downlinks=None
+            if downlinks is None
+            else DownlinkPayloads(downlinks.broadcast, dict(downlinks.personal)),
+            clients=list(saved.clients),
+            uploads=Counter(saved.uploads),
+            buffered=dict(saved.buffered),
         )
-
-
-def _count(value: Any, high: int = 2**62) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= high
-
-
-def _counts(value: Any) -> bool:
-    return isinstance(value, dict) and all(
-        isinstance(k, str) and _count(v) for k, v in value.items()
-    )
-
-
-def _malformed(data: dict[str, Any]) -> str | None:
-    """What is wrong with a decoded checkpoint's fields (None: nothing)."""
-    if not _count(data.get("round"), MAX_ROUND):
-        return f"'round' is {repr(data.get('round'))[:40]}, not a round number"
-    if not isinstance(data.get("server"), dict) or not all(
-        isinstance(k, str) for k in data["server"]
-    ):
-        return "'server' is not a map of names"
-    for key in ("comm", "rejections"):
-        if not _counts(data.get(key)):
-            return f"'{key}' is not a map of counts"
-    for key in ("rejected_messages", "uploads"):
-        if not _counts(data.get(key, {})):
-            return f"'{key}' is not a map of counts"
-    for key in ("retries", "missing_uploads"):
-        if not _count(data.get(key)):
-            return f"'{key}' is not a count"
-    saved = data.get("downlink_payloads")
-    if saved and not (
-        isinstance(saved, dict)
-        and isinstance(saved.get("broadcast"), bytes)
-        and isinstance(saved.get("personal"), dict)
-        and all(isinstance(k, str) and isinstance(v, bytes) for k, v in saved["personal"].items())
-    ):
-        return "'downlink_payloads' are not the encoded downlinks"
-    if not isinstance(data.get("buffered", {}), dict):
-        return "'buffered' is not a map"
-    clients = data.get("clients", [])
-    if not isinstance(clients, list) or not all(isinstance(c, str) for c in clients):
-        return "'clients' is not a list of client ids"
-    return None
 
 
 @dataclass(frozen=True)
@@ -146,7 +120,7 @@ class Resume:
     does not decode, a partial last line of metrics.jsonl) once the run is ours."""
 
     state: RunState | None
-    records: list[dict[str, Any]]
+    records: list[MetricsLine]
     metrics: JsonLines
     unusable: tuple[Path, str] | None = None  # a checkpoint passed over, and why
 
@@ -206,47 +180,46 @@ def _server_loads(state: RunState, config: RunConfig, *, source: Path) -> None:
         ) from None
 
 
-def round_progress(records: list[dict[str, Any]], clients: int, t: int) -> dict[str, Any]:
+def round_progress(records: list[MetricsLine], clients: int, t: int) -> dict[str, Any]:
     """The mean accuracy and MAE of round t's metrics so far (for ``round.closed``)."""
-    rows = [r for r in records[-4 * max(clients, 1) :] if r["round"] == t]
+    rows = [r for r in records[-4 * max(clients, 1) :] if r.round == t]
     if not rows:
         return {}
     return {
         "evaluated_round": t,
-        "mean_accuracy": round(float(np.mean([r["accuracy"] for r in rows])), 4),
-        "mean_mae": round(float(np.mean([r["mae"] for r in rows])), 3),
+        "mean_accuracy": round(float(np.mean([r.accuracy for r in rows])), 4),
+        "mean_mae": round(float(np.mean([r.mae for r in rows])), 3),
     }
 
 
-def run_summary(
-    config: RunConfig, state: RunState, records: list[dict[str, Any]]
-) -> dict[str, Any]:
+def run_summary(config: RunConfig, state: RunState, records: list[MetricsLine]) -> RunSummary:
     """summary.json: per-client metrics (last five rounds), traffic and every counter."""
     from mqttfl.data.sources import labels_are_ordinal
 
     table = summarize_clients(records)
     comm = state.comm
     up_n, down_n = max(comm["up_count"], 1), max(comm["down_count"], 1)
-    return {
-        "run_id": config.run_id,
-        "method": config.method,
+    privacy = privacy_summary(config, state.uploads).get("privacy")
+    return RunSummary(
+        run_id=config.run_id,
+        method=config.method,
         # which test windows produced these numbers (mqttfl/data/sessions.py)
-        "split": config.data.split,
+        split=config.data.split,
         # whether labels are counts: an MAE is shown only then (None: shards not readable here)
-        "ordinal_labels": labels_are_ordinal(config.data),
-        "rounds_completed": state.round,
-        "clients": table,
-        "mean": mean_over_clients(table),
-        "comm": {
-            "up_bytes_per_client_round": comm["up_bytes"] / up_n,
-            "down_bytes_per_client_round": comm["down_bytes"] / down_n,
-            "up_bytes_total": comm["up_bytes"],
-            "down_bytes_total": comm["down_bytes"],
-        },
-        "rejections": dict(state.rejections),
-        "rejected_messages": dict(state.rejected_messages),
-        "retries": state.retries,
-        "missing_uploads": state.missing_uploads,
-        "config": config.recorded(),
-        **privacy_summary(config, state.uploads),
-    }
+        ordinal_labels=labels_are_ordinal(config.data),
+        rounds_completed=state.round,
+        clients=table,
+        mean=mean_over_clients(table),
+        comm=Traffic(
+            up_bytes_per_client_round=comm["up_bytes"] / up_n,
+            down_bytes_per_client_round=comm["down_bytes"] / down_n,
+            up_bytes_total=comm["up_bytes"],
+            down_bytes_total=comm["down_bytes"],
+        ),
+        rejections=dict(state.rejections),
+        rejected_messages=dict(state.rejected_messages),
+        retries=state.retries,
+        missing_uploads=state.missing_uploads,
+        config=config.recorded(),
+        **({} if privacy is None else {"privacy": PrivacyBlock.model_validate(privacy)}),
+    )

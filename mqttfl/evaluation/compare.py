@@ -22,7 +22,6 @@ architectures as in the ``model`` setting) the row is absent and the table says 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.config import load_config
 from mqttfl.data.shapes import sample_shape_problem
 from mqttfl.data.sources import labels_are_ordinal
+from mqttfl.engine.documents import CompareDocument, CompareRun, PooledEntry, compare_bytes
 from mqttfl.errors import UsageError
 from mqttfl.evaluation.compare_entries import (
     SETTINGS,
@@ -136,48 +136,46 @@ def compare(plan: ComparePlan) -> int:
     (out / "compare.md").write_text(
         markdown_table(rows, methods, settings, seeds, pooled, split=split, ordinal=ordinal)
     )
-    (out / "compare.json").write_text(
-        json.dumps(
-            {
-                "config": plan.config,
-                "overrides": plan.overrides,
-                "seeds": seeds,
-                "split": split,
-                "ordinal_labels": ordinal,
-                "settings": {
+    (out / "compare.json").write_bytes(
+        compare_bytes(
+            CompareDocument(
+                config=plan.config,
+                overrides=plan.overrides,
+                seeds=seeds,
+                split=split,
+                ordinal_labels=ordinal,
+                settings={
                     s: {"title": SETTINGS[s][0], "overrides": SETTINGS[s][1]} for s in settings
                 },
-                "required_model": {m: model for m in methods if (model := pinned_model(m))},
-                "rows": rows,
-                "pooled": pooled,
-                "pooled_runs": [
-                    {
-                        "setting": p.setting,
-                        "seed": p.seed,
-                        "out": str(p.out),
-                        "metrics": p.metrics,
-                        "per_client": p.per_client,
-                        "absent": p.absent,
-                    }
+                required_model={m: model for m in methods if (model := pinned_model(m))},
+                rows=rows,
+                pooled=pooled,
+                pooled_runs=[
+                    PooledEntry(
+                        setting=p.setting,
+                        seed=p.seed,
+                        out=str(p.out),
+                        metrics=p.metrics,
+                        per_client=p.per_client,
+                        absent=p.absent,
+                    )
                     for p in pooled_runs
                 ],
-                "runs": [
-                    {
-                        "setting": r.setting,
-                        "method": r.method,
-                        "seed": r.seed,
-                        "out": str(r.out),
-                        "metrics": r.metrics,
-                        "curve": {str(t): a for t, a in r.curve.items()},
-                        "error": r.error,
-                        "absent": r.absent,
-                    }
+                runs=[
+                    CompareRun(
+                        setting=r.setting,
+                        method=r.method,
+                        seed=r.seed,
+                        out=str(r.out),
+                        metrics=r.metrics,
+                        curve={str(t): a for t, a in r.curve.items()},
+                        error=r.error,
+                        absent=r.absent,
+                    )
                     for r in results
                 ],
-            },
-            indent=2,
+            )
         )
-        + "\n"
     )
     plot_convergence(results, methods, settings, out / "convergence.png", pooled, split=split)
     sys.stdout.write((out / "compare.md").read_text() + f"results: {out}\n")

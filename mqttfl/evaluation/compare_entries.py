@@ -7,16 +7,19 @@ A compare entry is a registered method, optionally pinned to a model
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mqttfl.algorithms import algorithm_names, get_algorithm, own_params
 from mqttfl.config import load_config
+from mqttfl.engine.documents import RunSummary, read_metrics_file, read_summary
 from mqttfl.errors import MqttflError
+
+if TYPE_CHECKING:
+    from mqttfl.config import RunConfig
 
 SETTINGS: dict[str, tuple[str, list[str]]] = {
     "data": ("Statistical Data", []),
@@ -65,34 +68,34 @@ def run_overrides(base: list[str], setting: str, method: str, seed: int) -> list
 
 
 def read_curve(metrics_path: Path) -> dict[int, float]:
-    """Mean accuracy over the clients that reported each round (metrics.jsonl)."""
+    """Mean accuracy over the clients that reported each round (metrics.jsonl, up to its
+    last complete line)."""
     by_round: dict[int, list[float]] = {}
-    if metrics_path.exists():
-        for line in metrics_path.read_text().splitlines():
-            if line.strip():
-                record = json.loads(line)
-                by_round.setdefault(int(record["round"]), []).append(float(record["accuracy"]))
+    records, _ = read_metrics_file(metrics_path)
+    for record in records:
+        by_round.setdefault(record.round, []).append(float(record.accuracy))
     return {t: float(np.mean(values)) for t, values in sorted(by_round.items())}
 
 
-def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    comm = summary["comm"]
-    kb = (comm["up_bytes_per_client_round"] + comm["down_bytes_per_client_round"]) / 1000
-    return {**{k: float(summary["mean"][k]) for k in ("accuracy", "f1", "mae")}, "kb": float(kb)}
+def summary_metrics(summary: RunSummary) -> dict[str, float]:
+    comm, mean = summary.comm, summary.mean
+    kb = (comm.up_bytes_per_client_round + comm.down_bytes_per_client_round) / 1000
+    return {"accuracy": mean.accuracy, "f1": mean.f1, "mae": mean.mae, "kb": kb}
 
 
-def finished_summary(out: Path, config: Any) -> dict[str, Any] | None:
+def finished_summary(out: Path, config: RunConfig) -> RunSummary | None:
     """A finished run's summary in ``out``, if it ran with exactly this config (for --resume)."""
+    path = out / "summary.json"
+    if not path.is_file():
+        return None
     try:
-        summary = json.loads((out / "summary.json").read_text())
-    except (OSError, ValueError):
+        summary = read_summary(path)
+    except MqttflError:  # unreadable, malformed or of another version: run it again
         return None
-    recorded = summary.get("config")
-    if not isinstance(recorded, dict) or _run_identity(recorded) != _run_identity(
-        config.recorded()
-    ):
+    recorded = summary.config
+    if recorded is None or _run_identity(recorded) != _run_identity(config.recorded()):
         return None
-    return cast("dict[str, Any] | None", summary)
+    return summary
 
 
 def _run_identity(recorded: dict[str, Any]) -> dict[str, Any]:

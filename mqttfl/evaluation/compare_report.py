@@ -4,10 +4,10 @@ convergence plot and compare.json."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from mqttfl.engine.documents import CompareRow, MeanStd
 from mqttfl.evaluation.compare_entries import (
     METRICS,
     POOLED_METRICS,
@@ -20,14 +20,16 @@ from mqttfl.evaluation.pooled import PooledRun
 from mqttfl.evaluation.table import SPLIT_TEXT
 
 
-def _mean_std(values: list[float]) -> dict[str, float]:
+def _mean_std(values: list[float]) -> MeanStd:
     array = np.asarray(values, dtype=np.float64)
-    return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0}
+    return MeanStd(
+        mean=float(array.mean()), std=float(array.std(ddof=1)) if len(array) > 1 else 0.0
+    )
 
 
 def aggregate(
     results: list[RunResult], methods: list[str], settings: list[str]
-) -> list[dict[str, Any]]:
+) -> list[CompareRow]:
     rows = []
     for method in methods:
         for setting in settings:
@@ -39,7 +41,7 @@ def aggregate(
                 and r.error is None
                 and r.absent is None
             ]
-            row: dict[str, Any] = {
+            row: dict[str, object] = {
                 "method": method,
                 "setting": setting,
                 "runs": len(done),
@@ -61,17 +63,17 @@ def aggregate(
             }
             if done:
                 row.update({k: _mean_std([r.metrics[k] for r in done]) for k in METRICS})
-            rows.append(row)
+            rows.append(CompareRow.model_validate(row))
     return rows
 
 
-def aggregate_pooled(pooled: list[PooledRun], settings: list[str]) -> list[dict[str, Any]]:
+def aggregate_pooled(pooled: list[PooledRun], settings: list[str]) -> list[CompareRow]:
     """One pooled row per setting: mean ± std over seeds, or why it is absent."""
     rows = []
     for setting in settings:
         runs = [p for p in pooled if p.setting == setting]
         done = [p for p in runs if p.absent is None]
-        row: dict[str, Any] = {
+        row: dict[str, object] = {
             "method": "pooled",
             "setting": setting,
             "runs": len(done),
@@ -80,24 +82,25 @@ def aggregate_pooled(pooled: list[PooledRun], settings: list[str]) -> list[dict[
         }
         if done:
             row.update({k: _mean_std([p.metrics[k] for p in done]) for k in POOLED_METRICS})
-        rows.append(row)
+        rows.append(CompareRow.model_validate(row))
     return rows
 
 
-def _cell(row: dict[str, Any], key: str) -> str:
-    if key not in row:
+def _cell(row: CompareRow, key: str) -> str:
+    found = row.metric(key)
+    if found is None:
         return "failed"
     scale, digits = (100.0, 2) if key in ("accuracy", "f1") else (1.0, 3 if key == "mae" else 1)
-    mean, std = row[key]["mean"] * scale, row[key]["std"] * scale
+    mean, std = found.mean * scale, found.std * scale
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
 def markdown_table(
-    rows: list[dict[str, Any]],
+    rows: list[CompareRow],
     methods: list[str],
     settings: list[str],
     seeds: list[int],
-    pooled: list[dict[str, Any]] | None = None,
+    pooled: list[CompareRow] | None = None,
     *,
     split: str = "window",
     ordinal: bool = True,
@@ -105,7 +108,7 @@ def markdown_table(
     """Table III's layout: one row per method, Acc./F1/MAE (and KB) per setting, then the
     pooled reference row (from :func:`aggregate_pooled`) when given. The MAE column only
     where labels are counts (``ordinal``); the intro names the ``split``."""
-    by_key = {(r["method"], r["setting"]): r for r in rows}
+    by_key = {(r.method, r.setting): r for r in rows}
     metrics = [k for k in METRICS if ordinal or k != "mae"]
     columns = ("Acc. (%)", "F1 (%)", "MAE", "KB") if ordinal else ("Acc. (%)", "F1 (%)", "KB")
     head = ["Method"] + [f"{SETTINGS[s][0]}: {c}" for s in settings for c in columns]
@@ -116,9 +119,9 @@ def markdown_table(
         cells = [method + (" *" if model else "")]
         for setting in settings:
             row = by_key[(method, setting)]
-            if row.get("absent") and not row["runs"]:
+            if row.absent and not row.runs:
                 cells += ["absent"] * len(metrics)
-                notes.append(f"{method} is absent in {SETTINGS[setting][0]}: {row['absent']}.")
+                notes.append(f"{method} is absent in {SETTINGS[setting][0]}: {row.absent}.")
             else:
                 cells += [_cell(row, k) for k in metrics]
         lines.append("| " + " | ".join(cells) + " |")
@@ -141,25 +144,25 @@ def markdown_table(
     return "\n".join([intro, *lines, "", *notes]) + "\n"
 
 
-def _absent(row: dict[str, Any]) -> bool:
-    return not row.get("runs")
+def _absent(row: CompareRow | None) -> bool:
+    return row is None or not row.runs
 
 
-def _pooled_line(pooled: list[dict[str, Any]], settings: list[str], ordinal: bool = True) -> str:
-    by_setting = {r["setting"]: r for r in pooled}
+def _pooled_line(pooled: list[CompareRow], settings: list[str], ordinal: bool = True) -> str:
+    by_setting = {r.setting: r for r in pooled}
     metrics = [k for k in POOLED_METRICS if ordinal or k != "mae"]
     cells = ["pooled †"]
     for setting in settings:
-        row = by_setting.get(setting, {})
-        if _absent(row):
+        row = by_setting.get(setting)
+        if row is None or _absent(row):
             cells += ["absent"] * len(metrics) + ["-"]
         else:
             cells += [_cell(row, k) for k in metrics] + ["-"]
     return "| " + " | ".join(cells) + " |"
 
 
-def _pooled_notes(pooled: list[dict[str, Any]], settings: list[str]) -> list[str]:
-    by_setting = {r["setting"]: r for r in pooled}
+def _pooled_notes(pooled: list[CompareRow], settings: list[str]) -> list[str]:
+    by_setting = {r.setting: r for r in pooled}
     notes = [
         "† pooled: one model of the same architecture and `[train]` recipe, trained for as "
         "many epochs as a Local client (rounds × local_epochs) on the union of all clients' "
@@ -167,9 +170,9 @@ def _pooled_notes(pooled: list[dict[str, Any]], settings: list[str]) -> list[str
         "reference: its final model, no communication)."
     ]
     for setting in settings:
-        row = by_setting.get(setting, {})
+        row = by_setting.get(setting)
         if _absent(row):
-            why = row.get("absent") or "not run"
+            why = (row.absent if row is not None else None) or "not run"
             notes.append(f"pooled is absent in {SETTINGS[setting][0]}: {why}.")
     return notes
 
@@ -179,7 +182,7 @@ def plot_convergence(
     methods: list[str],
     settings: list[str],
     path: Path,
-    pooled: list[dict[str, Any]] | None = None,
+    pooled: list[CompareRow] | None = None,
     *,
     split: str = "window",
 ) -> None:
@@ -198,9 +201,9 @@ def plot_convergence(
             rounds = sorted(set().union(*curves))
             mean = [np.mean([c[t] for c in curves if t in c]) for t in rounds]
             ax.plot(rounds, mean, marker="o" if len(rounds) < 12 else None, label=method)
-        reference = next((r for r in pooled or [] if r["setting"] == setting and r["runs"]), None)
-        if reference is not None:
-            ax.axhline(reference["accuracy"]["mean"], color="black", ls="--", lw=1, label="pooled")
+        reference = next((r for r in pooled or [] if r.setting == setting and r.runs), None)
+        if reference is not None and reference.accuracy is not None:
+            ax.axhline(reference.accuracy.mean, color="black", ls="--", lw=1, label="pooled")
         ax.set_title(f"{SETTINGS[setting][0]} ({split} split)")
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

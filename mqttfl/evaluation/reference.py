@@ -49,7 +49,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mqttfl.engine.journal import LAST_ROUNDS, mean_over_clients, summarize_clients, summary_bytes
+from mqttfl.engine.documents import (
+    Gains,
+    LocalReferenceBlock,
+    MetricsLine,
+    RunSummary,
+    Scores,
+    summary_bytes,
+)
+from mqttfl.engine.journal import LAST_ROUNDS, summarize_clients
 from mqttfl.evaluation.imports import import_closure
 from mqttfl.files import write_atomic
 from mqttfl.logs import get_logger
@@ -85,7 +93,13 @@ class LocalReference:
 
     @property
     def mean(self) -> dict[str, float]:
-        return mean_over_clients(self.clients)
+        return mean_scores(self.clients)
+
+
+def mean_scores(clients: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Each metric's mean over the clients (zeros for none)."""
+    rows = list(clients.values())
+    return {k: float(np.mean([row[k] for row in rows])) if rows else 0.0 for k in METRICS}
 
 
 def cache_root() -> Path:
@@ -196,7 +210,10 @@ def train_local_reference(
         records = _train_in_processes(plan, progress)
     else:
         records = _train_in_threads(plan, workers or len(ids), progress)
-    return {cid: {k: row[k] for k in METRICS} for cid, row in summarize_clients(records).items()}
+    return {
+        cid: {"accuracy": row.accuracy, "f1": row.f1, "mae": row.mae}
+        for cid, row in summarize_clients(records).items()
+    }
 
 
 @dataclass(frozen=True)
@@ -217,7 +234,7 @@ def _run_client(
     *,
     stop: threading.Event | None = None,
     build_lock: threading.Lock | None = None,
-) -> list[dict[str, Any]]:
+) -> list[MetricsLine]:
     """One client's Local run: train in the rounds it is selected for, score the last
     ``LAST_ROUNDS``; ``done(t)`` after each round. A build seeds torch's global
     generator (identical initial weights): builds in one process hold ``build_lock``."""
@@ -239,7 +256,7 @@ def _run_client(
         # only the last rounds are scored: evaluating the others changes nothing
         if t > config.rounds - LAST_ROUNDS:
             report = classification_report(shard.y_test, side.predict(shard.x_test))
-            records.append({"client_id": cid, "round": t, **report})
+            records.append(MetricsLine.model_validate({"client_id": cid, "round": t, **report}))
         done(t)
     return records
 
@@ -249,7 +266,7 @@ def _run_client(
 _FORKED: dict[str, Any] = {}
 
 
-def _process_client(index: int) -> list[dict[str, Any]]:
+def _process_client(index: int) -> list[MetricsLine]:
     import torch
 
     plan: _Plan = _FORKED["plan"]
@@ -264,7 +281,7 @@ def _process_client(index: int) -> list[dict[str, Any]]:
 
 def _train_in_processes(
     plan: _Plan, progress: Callable[[str, int], None] | None
-) -> list[dict[str, Any]]:
+) -> list[MetricsLine]:
     """A process per client, as the federation has: threads of one process share its
     GIL, and beside other work the scheduler preempts the one holding it while the others
     wait (BENCHMARKS.md, "First contact": twice the slowdown of the federation's
@@ -292,7 +309,7 @@ def _train_in_processes(
 
 def _train_in_threads(
     plan: _Plan, workers: int, progress: Callable[[str, int], None] | None
-) -> list[dict[str, Any]]:
+) -> list[MetricsLine]:
     import torch
 
     stop = threading.Event()  # set when the caller gives up (Ctrl-C): end after the round
@@ -301,7 +318,7 @@ def _train_in_threads(
     lock = threading.Lock()
     report = threading.Lock()
 
-    def run(cid: str) -> list[dict[str, Any]]:
+    def run(cid: str) -> list[MetricsLine]:
         def done(t: int) -> None:
             if progress is not None:
                 with report:
@@ -378,7 +395,7 @@ def local_reference(
         "trained_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": seconds,
         "clients": clients,
-        "mean": mean_over_clients(clients),
+        "mean": mean_scores(clients),
     }
     stored: Path | None = path
     try:
@@ -418,43 +435,38 @@ def _cached_reference(path: Path, key: str) -> LocalReference | None:
 
 
 # --- into the run's summary -----------------------------------------------------------------
-def with_reference(summary: dict[str, Any], reference: LocalReference) -> dict[str, Any]:
+def with_reference(summary: RunSummary, reference: LocalReference) -> RunSummary:
     """``summary`` with a ``local_reference`` block: the reference's per-client and mean
     metrics, where it came from, and the gain (the run's accuracy minus the reference's)
     per client and as the mean over the clients both have."""
     gains = {
-        cid: float(row["accuracy"]) - reference.clients[cid]["accuracy"]
-        for cid, row in summary["clients"].items()
+        cid: row.accuracy - reference.clients[cid]["accuracy"]
+        for cid, row in summary.clients.items()
         if cid in reference.clients
     }
-    return {
-        **summary,
-        "local_reference": {
-            "what": WHAT,
-            "source": reference.source,
-            "cache": None if reference.path is None else str(reference.path),
-            "key": reference.key,
-            "seconds": reference.seconds,
-            "clients": reference.clients,
-            "mean": reference.mean,
-            "gain": {
-                "clients": gains,
-                "mean": float(np.mean(list(gains.values()))) if gains else None,
-            },
-        },
-    }
+    block = LocalReferenceBlock(
+        what=WHAT,
+        source=reference.source,
+        cache=None if reference.path is None else str(reference.path),
+        key=reference.key,
+        seconds=float(reference.seconds),
+        clients={cid: Scores.model_validate(row) for cid, row in reference.clients.items()},
+        mean=Scores.model_validate(reference.mean),
+        gain=Gains(clients=gains, mean=float(np.mean(list(gains.values()))) if gains else None),
+    )
+    return summary.model_copy(update={"local_reference": block})
 
 
 def add_local_reference(
     config: RunConfig,
-    summary: dict[str, Any],
+    summary: RunSummary,
     out: Path,
     *,
     cache_dir: Path | None = None,
     train: bool = True,
     progress: ProgressFactory | None = None,
     shards: Mapping[str, Shard] | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Attach the Local reference to a finished run's summary and rewrite its
     ``summary.json`` with it; return the new summary. ``train=False``: only a cached
     reference (the summary stays as it is without one). ``progress(clients, rounds)`` is

@@ -2,7 +2,7 @@
 
 Reads each run directory's ``summary.json`` and ``metrics.jsonl`` (a directory without a
 summary is searched for run directories below it, so a ``mqttfl compare`` output works
-too), each checked as :mod:`mqttfl.engine.journal` reads it (a malformed file is one line
+too), each checked as :mod:`mqttfl.engine.documents` reads it (a malformed file is one line
 naming it; a last line cut short by a killed coordinator is left out), and writes to
 ``--out``:
 
@@ -20,30 +20,34 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
 
-from mqttfl.engine.journal import read_metrics_file, read_summary
+from mqttfl.engine.documents import (
+    MetricsLine,
+    PrivacyBlock,
+    RunSummary,
+    read_metrics_file,
+    read_summary,
+)
 from mqttfl.errors import FileError
-from mqttfl.evaluation.table import run_split, shows_mae
 from mqttfl.files import write_atomic
 from mqttfl.wire.ids import client_order
-
-METRICS = ("accuracy", "f1", "mae")
 
 
 @dataclass
 class RunData:
     path: Path
-    summary: dict[str, Any]
-    records: list[dict[str, Any]]
+    summary: RunSummary
+    records: list[MetricsLine]
 
     @property
     def method(self) -> str:
-        return str(self.summary.get("method", "?"))
+        return self.summary.method
 
     @property
     def label(self) -> str:
@@ -52,8 +56,9 @@ class RunData:
     def per_round(self, key: str, how: str = "mean") -> dict[int, float]:
         by_round: dict[int, list[float]] = defaultdict(list)
         for record in self.records:
-            if key in record:
-                by_round[int(record["round"])].append(float(record[key]))
+            value = record.value(key)
+            if value is not None:
+                by_round[record.round].append(value)
         reduce = np.sum if how == "sum" else np.mean
         return {t: float(reduce(values)) for t, values in sorted(by_round.items())}
 
@@ -83,25 +88,43 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return float(array.mean()), float(array.std(ddof=1)) if len(array) > 1 else 0.0
 
 
-def method_rows(runs: list[RunData]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class MethodRow:
+    """A method's (and split's) row: mean ± std over its runs (report.json's ``methods``)."""
+
+    method: str
+    split: str
+    runs: int
+    accuracy: tuple[float, float]
+    f1: tuple[float, float]
+    mae: tuple[float, float]
+    shows_mae: bool
+    kb_up: tuple[float, float]  # payload KB per client-round
+    kb_down: tuple[float, float]
+
+
+def method_rows(runs: list[RunData]) -> list[MethodRow]:
     """Per method: mean ± std over its runs of accuracy, F1, MAE and KB per client-round."""
     by_method: dict[tuple[str, str], list[RunData]] = defaultdict(list)
     for run in runs:
-        by_method[(run.method, run_split(run.summary))].append(run)
+        by_method[(run.method, run.summary.data_split)].append(run)
     rows = []
     for (method, split), members in by_method.items():
-        row: dict[str, Any] = {"method": method, "split": split, "runs": len(members)}
-        for key in METRICS:
-            row[key] = _mean_std([float(r.summary["mean"][key]) for r in members])
-        row["shows_mae"] = all(shows_mae(r.summary) for r in members)
-        for direction in ("up", "down"):
-            row[f"kb_{direction}"] = _mean_std(
-                [
-                    float(r.summary["comm"][f"{direction}_bytes_per_client_round"]) / 1000
-                    for r in members
-                ]
+        means = [r.summary.mean for r in members]
+        comms = [r.summary.comm for r in members]
+        rows.append(
+            MethodRow(
+                method=method,
+                split=split,
+                runs=len(members),
+                accuracy=_mean_std([m.accuracy for m in means]),
+                f1=_mean_std([m.f1 for m in means]),
+                mae=_mean_std([m.mae for m in means]),
+                shows_mae=all(r.summary.shows_mae for r in members),
+                kb_up=_mean_std([c.up_bytes_per_client_round / 1000 for c in comms]),
+                kb_down=_mean_std([c.down_bytes_per_client_round / 1000 for c in comms]),
             )
-        rows.append(row)
+        )
     return rows
 
 
@@ -110,7 +133,7 @@ def _pm(pair: tuple[float, float], scale: float = 1.0, digits: int = 2) -> str:
     return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}"
 
 
-def render_markdown(runs: list[RunData], rows: list[dict[str, Any]]) -> str:
+def render_markdown(runs: list[RunData], rows: list[MethodRow]) -> str:
     lines = [
         "# mqttfl report",
         "",
@@ -123,10 +146,10 @@ def render_markdown(runs: list[RunData], rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        mae = _pm(row["mae"], digits=3) if row["shows_mae"] else "-"
+        mae = _pm(row.mae, digits=3) if row.shows_mae else "-"
         lines.append(
-            f"| {row['method']} | {row['split']} | {row['runs']} | {_pm(row['accuracy'], 100)} | "
-            f"{_pm(row['f1'], 100)} | {mae} | {_pm(row['kb_up'])} | {_pm(row['kb_down'])} |"
+            f"| {row.method} | {row.split} | {row.runs} | {_pm(row.accuracy, 100)} | "
+            f"{_pm(row.f1, 100)} | {mae} | {_pm(row.kb_up)} | {_pm(row.kb_down)} |"
         )
     lines += [
         "",
@@ -141,35 +164,36 @@ def render_markdown(runs: list[RunData], rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
-        mean, comm = run.summary["mean"], run.summary["comm"]
-        rejected = sum(run.summary.get("rejections", {}).values())
-        local, gain = _reference_cells(run.summary, None)
-        mae = f"{mean['mae']:.3f}" if shows_mae(run.summary) else "-"
+        summary = run.summary
+        mean, comm = summary.mean, summary.comm
+        rejected = sum(summary.rejections.values())
+        local, gain = _reference_cells(summary, None)
+        mae = f"{mean.mae:.3f}" if summary.shows_mae else "-"
         lines.append(
-            f"| {run.label} | {run.method} | {run_split(run.summary)} | "
-            f"{run.summary.get('rounds_completed', '?')} | "
-            f"{len(run.summary.get('clients', {}))} | {mean['accuracy'] * 100:.2f} | {local} | "
-            f"{gain} | {mean['f1'] * 100:.2f} | "
-            f"{mae} | {comm['up_bytes_per_client_round'] / 1000:.2f} | "
-            f"{comm['down_bytes_per_client_round'] / 1000:.2f} | {rejected} |"
+            f"| {run.label} | {run.method} | {summary.data_split} | "
+            f"{summary.rounds_completed} | "
+            f"{len(summary.clients)} | {mean.accuracy * 100:.2f} | {local} | "
+            f"{gain} | {mean.f1 * 100:.2f} | "
+            f"{mae} | {comm.up_bytes_per_client_round / 1000:.2f} | "
+            f"{comm.down_bytes_per_client_round / 1000:.2f} | {rejected} |"
         )
     for run in runs:
         lines += [
             "",
-            f"### {run.label} ({run.method}, {run_split(run.summary)} split): per client",
+            f"### {run.label} ({run.method}, {run.summary.data_split} split): per client",
             "",
             "| client | Acc. (%) | Local (%) | gain (pp) | F1 (%) | MAE | KB sent | KB received |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        for client, row in run.summary.get("clients", {}).items():
+        for client, scores in run.summary.clients.items():
             local, gain = _reference_cells(run.summary, client)
-            mae = f"{row['mae']:.3f}" if shows_mae(run.summary) else "-"
+            mae = f"{scores.mae:.3f}" if run.summary.shows_mae else "-"
             lines.append(
-                f"| {client} | {row['accuracy'] * 100:.2f} | {local} | {gain} | "
-                f"{row['f1'] * 100:.2f} | {mae} | "
-                f"{row['kb_sent']:.1f} | {row['kb_received']:.1f} |"
+                f"| {client} | {scores.accuracy * 100:.2f} | {local} | {gain} | "
+                f"{scores.f1 * 100:.2f} | {mae} | "
+                f"{scores.kb_sent:.1f} | {scores.kb_received:.1f} |"
             )
-        lines += privacy_lines(run.summary)
+        lines += privacy_lines(run.summary.privacy)
     lines += [
         "",
         "![accuracy per round](accuracy.png)",
@@ -182,37 +206,32 @@ def render_markdown(runs: list[RunData], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def privacy_lines(summary: dict[str, Any]) -> list[str]:
+def privacy_lines(privacy: PrivacyBlock | None) -> list[str]:
     """ε per client of a run with [privacy] on (nothing otherwise)."""
-    privacy = summary.get("privacy")
-    if not isinstance(privacy, dict):
+    if privacy is None:
         return []
     lines = [
         "",
-        f"Differential privacy: δ={privacy['delta']:g}, clip {privacy['clip']:g}, noise "
-        f"multiplier {privacy['noise_multiplier']:.3f}, budget ε={privacy.get('budget')}.",
+        f"Differential privacy: δ={privacy.delta:g}, clip {privacy.clip:g}, noise "
+        f"multiplier {privacy.noise_multiplier:.3f}, budget ε={privacy.budget}.",
         "",
         "| client | uploads | ε |",
         "|---|---|---|",
     ]
-    for client, spent in privacy["epsilon"].items():
-        lines.append(f"| {client} | {privacy['uploads'].get(client, 0)} | {spent:.3f} |")
+    for client, spent in privacy.epsilon.items():
+        lines.append(f"| {client} | {privacy.uploads.get(client, 0)} | {spent:.3f} |")
     return lines
 
 
-def _reference_cells(summary: dict[str, Any], client: str | None) -> tuple[str, str]:
+def _reference_cells(summary: RunSummary, client: str | None) -> tuple[str, str]:
     """Local accuracy (%) and gain (percentage points) of a client, or of the mean
     (``None``), where the summary holds a Local reference; "-" where it does not."""
-    reference = summary.get("local_reference")
-    if not isinstance(reference, dict):
+    reference = summary.local_reference
+    if reference is None:
         return "-", "-"
-    gains = reference.get("gain") or {}
-    if client is None:
-        local = (reference.get("mean") or {}).get("accuracy")
-        gain = gains.get("mean")
-    else:
-        local = ((reference.get("clients") or {}).get(client) or {}).get("accuracy")
-        gain = (gains.get("clients") or {}).get(client)
+    scores = reference.mean if client is None else reference.clients.get(client)
+    local = None if scores is None else scores.accuracy
+    gain = reference.gain.mean if client is None else reference.gain.clients.get(client)
     if local is None or gain is None:
         return "-", "-"
     return f"{local * 100:.2f}", f"{gain * 100:+.2f}"
@@ -261,8 +280,8 @@ def _client_bars(runs: list[RunData], path: Path) -> dict[str, dict[str, float]]
 
     grouped: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
-        for client, row in run.summary.get("clients", {}).items():
-            grouped[run.method][client].append(float(row["accuracy"]))
+        for client, row in run.summary.clients.items():
+            grouped[run.method][client].append(row.accuracy)
     bars = {m: {c: float(np.mean(v)) for c, v in clients.items()} for m, clients in grouped.items()}
     clients = sorted(
         {c for per in bars.values() for c in per},
@@ -291,6 +310,11 @@ def _client_bars(runs: list[RunData], path: Path) -> dict[str, dict[str, float]]
     return bars
 
 
+def _as_read(part: BaseModel) -> dict[str, Any]:
+    """A part of a summary as summary.json holds it (its keys, sorted)."""
+    return dict(sorted(part.model_dump(exclude_unset=True).items()))
+
+
 def write_report(paths: list[Path], out: Path) -> Path:
     """Render the report of the runs under ``paths`` into ``out``; return report.md."""
     runs = find_runs(paths)
@@ -317,14 +341,14 @@ def write_report(paths: list[Path], out: Path) -> Path:
                     {
                         "path": str(r.path),
                         "method": r.method,
-                        "split": run_split(r.summary),
-                        "mean": r.summary["mean"],
-                        "comm": r.summary["comm"],
-                        "clients": r.summary.get("clients", {}),
+                        "split": r.summary.data_split,
+                        "mean": _as_read(r.summary.mean),
+                        "comm": _as_read(r.summary.comm),
+                        "clients": {c: _as_read(row) for c, row in r.summary.clients.items()},
                     }
                     for r in runs
                 ],
-                "methods": rows,
+                "methods": [asdict(row) for row in rows],
                 "accuracy_per_round": {
                     m: {str(t): v for t, v in c.items()} for m, c in accuracy.items()
                 },

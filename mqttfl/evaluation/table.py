@@ -1,15 +1,14 @@
 """The result table that ends a run: per client, the mean, and the Local reference.
 
-Every table names the split that produced it (``summary["split"]``: window or session,
+Every table names the split that produced it (``summary.split``: window or session,
 :mod:`mqttfl.data.sessions`) and shows an MAE only where labels are counts
-(``summary["ordinal_labels"]``). With a Local reference, one line says what federation
+(``summary.ordinal_labels``). With a Local reference, one line says what federation
 bought: the mean gain over training alone.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from mqttfl.engine.documents import LocalReferenceBlock, PrivacyBlock, RunSummary
 from mqttfl.monitor.buffered import buffered_note
 
 SPLIT_TEXT = {
@@ -18,33 +17,27 @@ SPLIT_TEXT = {
 }
 
 
-def run_split(summary: dict[str, Any]) -> str:
+def run_split(summary: RunSummary) -> str:
     """The split a summary's numbers come from (older summaries: their config's, else window)."""
-    split = summary.get("split")
-    if isinstance(split, str):
-        return split
-    config = summary.get("config")
-    data = config.get("data") if isinstance(config, dict) else None
-    found = data.get("split") if isinstance(data, dict) else None
-    return found if isinstance(found, str) else "window"
+    return summary.data_split
 
 
-def shows_mae(summary: dict[str, Any]) -> bool:
+def shows_mae(summary: RunSummary) -> bool:
     """An MAE means something only for counts; summaries from before ``ordinal_labels``
     keep theirs."""
-    return summary.get("ordinal_labels", True) is True
+    return summary.shows_mae
 
 
-def format_table(summary: dict[str, Any]) -> str:
+def format_table(summary: RunSummary) -> str:
     """The per-client result table printed at the end of a run; with the summary's
     ``local_reference`` (:mod:`mqttfl.evaluation.reference`), each client's accuracy trained alone
     (``local``) and the difference (``gain``) stand beside its accuracy."""
-    reference = summary.get("local_reference")
-    mae = shows_mae(summary)
-    split = run_split(summary)
-    spent = (summary.get("privacy") or {}).get("epsilon")  # ε per client, [privacy] on
+    reference = summary.local_reference
+    mae = summary.shows_mae
+    split = summary.data_split
+    spent = None if summary.privacy is None else summary.privacy.epsilon  # ε per client
     lines = [
-        f"{summary['method']} on run {summary['run_id']}: {summary['rounds_completed']} rounds, "
+        f"{summary.method} on run {summary.run_id}: {summary.rounds_completed} rounds, "
         f"{SPLIT_TEXT.get(split, f'{split} split')}; means over the last 5 rounds",
         f"{'client':>8} {'accuracy':>9}"
         + (f" {'local':>9} {'gain':>9}" if reference else "")
@@ -53,32 +46,32 @@ def format_table(summary: dict[str, Any]) -> str:
         + f" {'KB sent':>10} {'KB recv':>10}"
         + (f" {'ε':>7}" if spent is not None else ""),
     ]
-    for client, row in summary["clients"].items():
+    for client, row in summary.clients.items():
         lines.append(
-            f"{client:>8} {row['accuracy']:>9.4f}{_reference_cells(reference, client)} "
-            f"{row['f1']:>9.4f}"
-            + (f" {row['mae']:>7.3f}" if mae else "")
-            + f" {row['kb_sent']:>10.1f} {row['kb_received']:>10.1f}"
+            f"{client:>8} {row.accuracy:>9.4f}{_reference_cells(reference, client)} "
+            f"{row.f1:>9.4f}"
+            + (f" {row.mae:>7.3f}" if mae else "")
+            + f" {row.kb_sent:>10.1f} {row.kb_received:>10.1f}"
             + (f" {spent.get(client, 0.0):>7.2f}" if spent is not None else "")
         )
-    mean = summary["mean"]
-    comm = summary["comm"]
+    mean = summary.mean
+    comm = summary.comm
     lines.append(
-        f"{'mean':>8} {mean['accuracy']:>9.4f}{_reference_cells(reference, None)} "
-        f"{mean['f1']:>9.4f}" + (f" {mean['mae']:>7.3f}" if mae else "")
+        f"{'mean':>8} {mean.accuracy:>9.4f}{_reference_cells(reference, None)} "
+        f"{mean.f1:>9.4f}" + (f" {mean.mae:>7.3f}" if mae else "")
     )
     if reference:
         lines.append(_reference_note(reference))
     lines.append(
-        f"payload per client-round: up {comm['up_bytes_per_client_round'] / 1000:.2f} KB, "
-        f"down {comm['down_bytes_per_client_round'] / 1000:.2f} KB"
+        f"payload per client-round: up {comm.up_bytes_per_client_round / 1000:.2f} KB, "
+        f"down {comm.down_bytes_per_client_round / 1000:.2f} KB"
     )
-    if summary.get("rejections"):
-        lines.append(f"rejected uploads: {summary['rejections']}")
-    if summary.get("buffered"):  # federation.mode = "buffered"
-        lines.append(buffered_note(summary["buffered"]))
-    if spent is not None:
-        lines.append(privacy_note(summary["privacy"]))
+    if summary.rejections:
+        lines.append(f"rejected uploads: {summary.rejections}")
+    if summary.buffered is not None:  # federation.mode = "buffered"
+        lines.append(buffered_note(summary.buffered))
+    if summary.privacy is not None:
+        lines.append(privacy_note(summary.privacy))
     if reference:
         verdict = federation_verdict(summary)
         if verdict:
@@ -86,50 +79,52 @@ def format_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def federation_verdict(summary: dict[str, Any]) -> str | None:
+def federation_verdict(summary: RunSummary) -> str | None:
     """One line: what federation bought over training alone, on this split."""
-    reference = summary.get("local_reference") or {}
-    gains = reference.get("gain", {}).get("clients", {})
-    mean_gain = reference.get("gain", {}).get("mean")
-    if not gains or mean_gain is None:
+    reference = summary.local_reference
+    if reference is None:
         return None
-    local = [reference["clients"][c]["accuracy"] for c in gains]
-    federated = [summary["clients"][c]["accuracy"] for c in gains]
-    won = sum(1 for g in gains.values() if g > 0)
+    gains, mean_gain = reference.gain.clients, reference.gain.mean
+    compared = [c for c in gains if c in reference.clients and c in summary.clients]
+    if not compared or mean_gain is None:
+        return None
+    local = [reference.clients[c].accuracy for c in compared]
+    federated = [summary.clients[c].accuracy for c in compared]
+    won = sum(1 for c in compared if gains[c] > 0)
     fed_mean, local_mean = sum(federated) / len(federated), sum(local) / len(local)
     word = "gained" if mean_gain > 0 else "lost" if mean_gain < 0 else "changed"
     return (
         f"federation {word} {abs(mean_gain) * 100:.1f} points over training alone "
-        f"({summary['method']} {fed_mean * 100:.1f} % vs Local {local_mean * 100:.1f} %, "
-        f"{run_split(summary)} split); {won} of {len(gains)} clients gained"
+        f"({summary.method} {fed_mean * 100:.1f} % vs Local {local_mean * 100:.1f} %, "
+        f"{summary.data_split} split); {won} of {len(compared)} clients gained"
     )
 
 
-def _reference_cells(reference: dict[str, Any] | None, client: str | None) -> str:
+def _reference_cells(reference: LocalReferenceBlock | None, client: str | None) -> str:
     """`` local gain`` cells of a client's row (``None``: the mean row), or nothing."""
     if not reference:
         return ""
-    gains = reference["gain"]["clients"]
+    gains = reference.gain.clients
+    local: float | None
     if client is None:
-        compared = [reference["clients"][c]["accuracy"] for c in gains]
-        local, gain = (
-            (sum(compared) / len(compared) if compared else None),
-            reference["gain"]["mean"],
-        )
+        compared = [reference.clients[c].accuracy for c in gains if c in reference.clients]
+        local = sum(compared) / len(compared) if compared else None
+        gain = reference.gain.mean
     else:
-        local = reference["clients"].get(client, {}).get("accuracy")
+        row = reference.clients.get(client)
+        local = None if row is None else row.accuracy
         gain = gains.get(client)
     if local is None or gain is None:
         return f" {'-':>9} {'-':>9}"
     return f" {local:>9.4f} {gain:>+9.4f}"
 
 
-def _reference_note(reference: dict[str, Any]) -> str:
-    if reference["source"] == "cached":
-        how = f"reused from {reference['cache']}"
+def _reference_note(reference: LocalReferenceBlock) -> str:
+    if reference.source == "cached":
+        how = f"reused from {reference.cache}"
     else:
-        how = f"trained in {reference['seconds']:.0f} s, " + (
-            f"cached in {reference['cache']}" if reference["cache"] else "could not be cached"
+        how = f"trained in {reference.seconds:.0f} s, " + (
+            f"cached in {reference.cache}" if reference.cache else "could not be cached"
         )
     return (
         "local: each client trained alone (method local: same shards, model, seed, [train] "
@@ -137,13 +132,13 @@ def _reference_note(reference: dict[str, Any]) -> str:
     )
 
 
-def privacy_note(privacy: dict[str, Any]) -> str:
+def privacy_note(privacy: PrivacyBlock) -> str:
     """One line under the table of a private run: what ε is and what it was spent on."""
-    budget = privacy.get("budget")
+    budget = privacy.budget
     return (
         f"ε: each client's differential privacy over the uploads it made, at δ="
-        f"{privacy['delta']:g} (clip {privacy['clip']:g}, noise multiplier "
-        f"{privacy['noise_multiplier']:.3f}"
+        f"{privacy.delta:g} (clip {privacy.clip:g}, noise multiplier "
+        f"{privacy.noise_multiplier:.3f}"
         + (f", budget ε={budget:g}" if budget is not None else "")
         + "; mqttfl/privacy)"
     )

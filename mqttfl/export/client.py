@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from mqttfl.engine.documents import RunSummary, read_metrics_file, read_summary
 from mqttfl.errors import DataError, UsageError
 from mqttfl.export.sensor import class_names, preprocess_from_shard
 from mqttfl.sensing.spec import MODEL_FILE, SensorSpec
@@ -39,38 +40,34 @@ class Exported:
     max_abs_diff: float
 
 
-def run_summary(run_dir: Path) -> dict[str, Any]:
-    """The run's summary.json as checked by :func:`mqttfl.engine.journal.read_summary`
+def run_summary(run_dir: Path) -> RunSummary:
+    """The run's summary.json as checked by :func:`mqttfl.engine.documents.read_summary`
     (DataError naming it and what is wrong), with the config it ran."""
-    from mqttfl.engine.journal import read_summary
-
     path = Path(run_dir) / "summary.json"
     if not Path(run_dir).is_dir():
         raise DataError(run_dir, "run directory not found")
     if not path.exists():
         raise DataError(path, "file not found: the run has not finished")
     summary = read_summary(path)
-    if not isinstance(summary.get("config"), dict):
+    if summary.config is None:
         raise DataError(path, "holds no 'config' (not written by mqttfl run or coordinator)")
     return summary
 
 
-def run_clients(summary: dict[str, Any]) -> list[str]:
-    return sorted((str(c) for c in summary.get("clients") or {}), key=client_order)
+def run_clients(summary: RunSummary) -> list[str]:
+    return sorted(summary.clients, key=client_order)
 
 
 def last_scores(run_dir: Path, client_id: str) -> dict[str, Any]:
     """The client's last evaluated round in metrics.jsonl (accuracy, F1, MAE), read up to
     its last complete line and never changed; DataError naming a malformed line."""
-    from mqttfl.engine.journal import read_metrics_file
-
     records, _ = read_metrics_file(Path(run_dir) / "metrics.jsonl")
-    mine = [r for r in records if r["client_id"] == client_id]
+    mine = [r for r in records if r.client_id == client_id]
     if not mine:
         return {}
-    best = max(mine, key=lambda r: int(r["round"]))
+    best = max(mine, key=lambda r: r.round)
     keys = ("round", "accuracy", "f1", "mae", "num_test")
-    return {key: best[key] for key in keys if key in best}
+    return best.model_dump(include=set(keys), exclude_unset=True)
 
 
 def export_onnx(module: Any, example: np.ndarray, path: Path) -> None:
@@ -148,7 +145,7 @@ def export_client(
     if known and client_id not in known:
         raise UsageError(f"--client {client_id}: run {run_dir} has clients {', '.join(known)}")
     try:
-        config = RunConfig.model_validate(summary["config"])
+        config = RunConfig.model_validate(summary.config)
     except Exception as exc:
         raise DataError(run_dir / "summary.json", f"its config does not load: {exc}") from None
     # A client keeps one state file per run id; runs from before that kept one per client.

@@ -12,7 +12,6 @@ stops with an error instead of waiting for clients that will never come.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -24,9 +23,10 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext, supp
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mqttfl.config import RunConfig
+from mqttfl.engine.documents import RunSummary, read_summary
 from mqttfl.errors import RunAborted, UsageError
 from mqttfl.logs import get_logger
 from mqttfl.provisioning.broker_init import WATCH
@@ -98,7 +98,9 @@ class LocalFederation:
         self.credentials: dict[str, dict[str, str]] = {}  # per identity, for the local broker
         self.log = get_logger(run_id=config.run_id, client_id="launcher")
 
-    def _command(self, role: str, *extra: str) -> list[str]:
+    def command(self, role: str, *extra: str) -> list[str]:
+        """The argv of one role's process (``clients``, ``fleet``, ``coordinator``). A hook: a
+        subclass may rewrite it (benchmarks/federation.py points clients at a proxy)."""
         cmd = [sys.executable, "-m", "mqttfl", role, "--broker", str(self.broker_url)]
         if self.config_path:
             cmd += ["--config", self.config_path]
@@ -147,7 +149,7 @@ class LocalFederation:
         extra = ["--ids", format_ids(ids), "--state-dir", str(self.out_dir / "clients")]
         if self.credentials_dir is not None:
             extra += ["--credentials-dir", str(self.credentials_dir)]
-        self._spawn("clients", self._command("clients", *extra), self.client_console, "")
+        self._spawn("clients", self.command("clients", *extra), self.client_console, "")
 
     def start_fleet(self, index: int, ids: list[str]) -> None:
         """One `mqttfl fleet` process for ``ids``; the cores are divided among the fleets."""
@@ -163,7 +165,7 @@ class LocalFederation:
         ]
         if self.credentials_dir is not None:
             extra += ["--credentials-dir", str(self.credentials_dir)]
-        self._spawn(f"fleet-{index}", self._command("fleet", *extra), self.client_console, "")
+        self._spawn(f"fleet-{index}", self.command("fleet", *extra), self.client_console, "")
 
     def _start_clients(self) -> None:
         ids = [str(index) for index in range(self.config.federation.num_clients)]
@@ -175,19 +177,17 @@ class LocalFederation:
         for index, block in enumerate(split_ids(ids, self.fleets)):
             self.start_fleet(index, block)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> RunSummary:
         with _sigterm_as_exit():
             return self._run()
 
     def _check_local_data(self) -> None:
         """Shards named by the config must be here: every client runs on this machine."""
-        if self.config.data.source == "shards":
-            from mqttfl.data.sources import shard_directory
+        from mqttfl.data.sources import check_local_data
 
-            for index in range(self.config.federation.num_clients):
-                shard_directory(self.config.data, str(index))
+        check_local_data(self.config.data, self.config.federation.num_clients)
 
-    def _run(self) -> dict[str, Any]:
+    def _run(self) -> RunSummary:
         self._check_local_data()
         num_clients = self.config.federation.num_clients
         if self.fleets is not None and not 1 <= self.fleets <= num_clients:
@@ -200,7 +200,7 @@ class LocalFederation:
                 self._start_local_broker()
             self._spawn(
                 "coordinator",
-                self._command("coordinator", "--out", str(self.out_dir)),
+                self.command("coordinator", "--out", str(self.out_dir)),
                 self.coordinator_console,
                 COORDINATOR,
             )
@@ -212,8 +212,7 @@ class LocalFederation:
                     f"the coordinator failed (exit {code}); see {self.out_dir / 'logs'}"
                 )
             self._wait_clients(CHILD_GRACE_S)
-            summary: dict[str, Any] = json.loads((self.out_dir / "summary.json").read_text())
-            return summary
+            return read_summary(self.out_dir / "summary.json")
         finally:
             self.shutdown()
 

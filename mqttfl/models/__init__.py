@@ -1,13 +1,13 @@
 """Model zoo and registry.
 
 Every model is an :class:`EmbeddingModel` (encoder ``embed`` + classifier
-``classify``, FedAPA Sec. III-B).  ``build_model`` looks the name up in
-``MODEL_FACTORIES`` (:mod:`mqttfl.models.registry`); to add a model, write a factory
-with the keyword-only signature of :class:`ModelFactory`, add one entry to that dict
-and its name to :data:`~mqttfl.models.names.MODEL_NAMES`.
+``classify``, FedAPA Sec. III-B).  What each architecture is (its class, weight count,
+the samples it takes) is one :class:`~mqttfl.models.specs.ModelSpec` in
+:data:`~mqttfl.models.specs.MODEL_SPECS`; to add a model, write its class and add one
+entry there. ``build_model`` and ``MODEL_FACTORIES`` build from that table.
 
-``MODEL_NAMES`` is importable without torch; everything else is loaded on first use,
-so that the config (which validates model names) stays torch-free.
+``MODEL_NAMES`` and the specs are importable without torch; everything else is loaded
+on first use, so that the config (which validates model names) stays torch-free.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from mqttfl.models.names import MODEL_NAMES
+from mqttfl.models.specs import MODEL_SPECS, ModelSpec
 
 if TYPE_CHECKING:
     from mqttfl.models.base import EmbeddingModel
@@ -49,6 +50,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "MODEL_FACTORIES",
     "MODEL_NAMES",
+    "MODEL_SPECS",
     "ConvNet4",
     "EmbeddingModel",
     "FeatureMLP",
@@ -56,6 +58,7 @@ __all__ = [
     "LargeConvNet4",
     "MiddleConvNet4",
     "ModelFactory",
+    "ModelSpec",
     "TinyConvNet4",
     "TransformerEncoderNet",
     "build_model",

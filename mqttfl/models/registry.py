@@ -1,15 +1,12 @@
-"""The model registry: one factory per name of :data:`~mqttfl.models.names.MODEL_NAMES`."""
+"""Building models by name: one factory per spec of :data:`~mqttfl.models.specs.MODEL_SPECS`."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
 from mqttfl.models.base import EmbeddingModel
-from mqttfl.models.cnn import ImageCNN
-from mqttfl.models.convnet4 import LargeConvNet4, MiddleConvNet4, TinyConvNet4
-from mqttfl.models.mlp import FeatureMLP
 from mqttfl.models.names import MODEL_NAMES
-from mqttfl.models.transformer import TransformerEncoderNet
+from mqttfl.models.specs import MODEL_SPECS
 
 
 class ModelFactory(Protocol):
@@ -20,46 +17,8 @@ class ModelFactory(Protocol):
     ) -> EmbeddingModel: ...
 
 
-def _tiny(*, num_classes: int, embed_dim: int, input_dim: int | None) -> EmbeddingModel:
-    return TinyConvNet4(num_classes=num_classes, embed_dim=embed_dim)
-
-
-def _middle(*, num_classes: int, embed_dim: int, input_dim: int | None) -> EmbeddingModel:
-    return MiddleConvNet4(num_classes=num_classes, embed_dim=embed_dim)
-
-
-def _large(*, num_classes: int, embed_dim: int, input_dim: int | None) -> EmbeddingModel:
-    return LargeConvNet4(num_classes=num_classes, embed_dim=embed_dim)
-
-
-def _cnn(*, num_classes: int, embed_dim: int, input_dim: int | None) -> EmbeddingModel:
-    return ImageCNN(num_classes=num_classes, embed_dim=embed_dim)
-
-
-def _mlp(*, num_classes: int, embed_dim: int, input_dim: int | None) -> EmbeddingModel:
-    if input_dim is None:
-        raise ValueError("model 'mlp' needs input_dim (the feature-vector length)")
-    return FeatureMLP(input_dim=input_dim, num_classes=num_classes, embed_dim=embed_dim)
-
-
-def _transformer(*, num_classes: int, embed_dim: int, input_dim: int | None) -> EmbeddingModel:
-    return TransformerEncoderNet(num_classes=num_classes, embed_dim=embed_dim)
-
-
 #: name -> factory, in the order of MODEL_NAMES
-MODEL_FACTORIES: dict[str, ModelFactory] = {
-    "tiny": _tiny,
-    "middle": _middle,
-    "large": _large,
-    "mlp": _mlp,
-    "cnn": _cnn,
-    "transformer": _transformer,
-}
-
-if tuple(MODEL_FACTORIES) != MODEL_NAMES:  # the config validates names against MODEL_NAMES
-    raise RuntimeError(
-        f"models.names.MODEL_NAMES {MODEL_NAMES} != registry factories {tuple(MODEL_FACTORIES)}"
-    )
+MODEL_FACTORIES: dict[str, ModelFactory] = {name: spec.build for name, spec in MODEL_SPECS.items()}
 
 
 def build_model(
@@ -70,6 +29,7 @@ def build_model(
     Raises ``ValueError`` for an unknown name (listing the allowed ones) or a
     missing ``input_dim`` for models over feature vectors.
     """
-    if name not in MODEL_NAMES:
+    spec = MODEL_SPECS.get(name)
+    if spec is None:
         raise ValueError(f"unknown model {name!r}; allowed: {', '.join(MODEL_NAMES)}")
-    return MODEL_FACTORIES[name](num_classes=num_classes, embed_dim=embed_dim, input_dim=input_dim)
+    return spec.build(num_classes=num_classes, embed_dim=embed_dim, input_dim=input_dim)

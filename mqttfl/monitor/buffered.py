@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from mqttfl.config import RunConfig
+from mqttfl.engine.documents import BufferedBlock
 
 MAX_SHOWN = 6  # staleness values listed in the header before "..."
 
@@ -70,15 +70,15 @@ def buffer_watch(config: RunConfig) -> BufferWatch | None:
     return BufferWatch(fed.buffer_size, fed.max_staleness) if fed.mode == "buffered" else None
 
 
-def buffered_note(block: dict[str, Any]) -> str:
-    """The final table's line about a buffered run (``summary["buffered"]``)."""
-    seen = {int(k): int(n) for k, n in (block.get("staleness") or {}).items()}
+def buffered_note(block: BufferedBlock) -> str:
+    """The final table's line about a buffered run (``summary.buffered``)."""
+    seen = {int(k): n for k, n in block.staleness.items()}
     total = sum(seen.values())
     shown = ", ".join(f"τ={tau}: {n}" for tau, n in sorted(seen.items())) or "none"
     mean = sum(tau * n for tau, n in seen.items()) / total if total else 0.0
     return (
-        f"buffered: {block.get('versions', 0)} versions of {block.get('buffer_size')} uploads "
-        f"(max staleness {block.get('max_staleness')}, s(τ) {block.get('staleness_weighting')}); "
+        f"buffered: {block.versions} versions of {block.buffer_size} uploads "
+        f"(max staleness {block.max_staleness}, s(τ) {block.staleness_weighting}); "
         f"aggregated uploads by staleness {shown} (mean τ {mean:.2f}); "
-        f"{block.get('too_stale', 0)} refused as too stale"
+        f"{block.too_stale} refused as too stale"
     )

@@ -33,6 +33,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Literal
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -42,11 +43,12 @@ from rich.text import Text
 from mqttfl.bus.transport import Bus, Incoming
 from mqttfl.errors import WireError
 from mqttfl.monitor.buffered import BufferWatch
-from mqttfl.monitor.text import clean, status_site
+from mqttfl.monitor.text import MAX_NAMES, clean, countdown, first_names, status_site
 from mqttfl.privacy.accountant import PrivacySettings
 from mqttfl.wire.control import (
     Online,
     RoundStart,
+    RunPhase,
     RunStatus,
     read_ack,
     read_envelope,
@@ -56,14 +58,22 @@ from mqttfl.wire.control import (
     read_status,
 )
 from mqttfl.wire.ids import client_order
-from mqttfl.wire.topics import Topics
+from mqttfl.wire.topics import (
+    AckTopic,
+    LeaseTopic,
+    MetricsTopic,
+    StartTopic,
+    StateTopic,
+    StatusTopic,
+    Topics,
+    UploadTopic,
+)
 
 REFRESH_PER_S = 2.0
 ONCE_LISTEN_S = 2.0  # --once: how long to listen before the snapshot
 RETAINED_WINDOW_S = 1.0  # a run status this soon after (re)connecting may be the retained copy
 KEEP_ROUNDS = 3  # per-round upload and ack tallies: the current round and its neighbours
 RECENT_EVENTS = 6  # event lines under the live table
-MAX_NAMES = 12  # missing clients named before "+N more"
 MAX_ROWS = 50  # clients in the table, the first by id; a line counts the others
 
 
@@ -86,7 +96,7 @@ class FederationView:
     max_upload_bytes: int | None = None
     privacy: PrivacySettings | None = None  # the run's [privacy]: an ε column
     buffer: BufferWatch | None = None  # federation.mode = "buffered": versions, staleness
-    phase: str = "unknown"  # unknown | waiting | open | closed | finished
+    phase: RunPhase | Literal["unknown"] = "unknown"
     round: int = 0
     selected: tuple[str, ...] = ()
     held: tuple[str, ...] = ()  # uploads the coordinator says it holds (a re-announcement)
@@ -176,38 +186,35 @@ class FederationView:
         return clean(topic[len(prefix) :] if topic.startswith(prefix) else topic)
 
     def _apply(self, topic: str, payload: bytes, received: float) -> list[str]:
-        where = self.topics.parse(topic)
-        run, client, t = self.run_id, where.client, where.round
-        if where.kind in ("status", "state") and not payload:
-            if client is not None and client in self.clients:  # a cleared retained status
-                self.clients[client].online = None
-            return []
-        if where.kind == "status" and client is not None:
-            return self._status(client, payload)
-        if where.kind == "state":
-            exact = received - self.connected_at > RETAINED_WINDOW_S
-            status = read_run_status(payload, run_id=run)
-            events = [f"client {c} throttled" for c in status.throttled if c not in self.throttled]
-            self.throttled = self.throttled | frozenset(status.throttled)
-            return events + self._run_status(status, received, exact)
-        if where.kind == "lease":
-            return []  # the coordinator's, not the run's progress
-        if where.kind == "start" and t is not None:
-            return self._open(read_start(payload, run_id=run, round=t), received, exact=True)
-        if where.kind == "ack" and client is not None and t is not None:
-            read_ack(payload, run_id=run, round=t, client=client)
-            self._tally(self.acks, t, client)
-            return []
-        if where.kind == "up" and client is not None and t is not None:
-            return self._upload(t, client, payload)
-        if where.kind == "metrics" and client is not None and t is not None:
-            return self._metrics(payload, t, client)
-        raise WireError("topic", f"the watcher does not read {where.kind} messages")
+        run = self.run_id
+        match self.topics.parse(topic):
+            case StatusTopic(client):
+                return self._status(client, payload)
+            case StateTopic() if payload:
+                return self._run_status(read_run_status(payload, run_id=run), received)
+            case StateTopic() | LeaseTopic():
+                return []  # a cleared run state; the lease: the coordinator's, not the run's
+            case StartTopic(t):
+                return self._open(read_start(payload, run_id=run, round=t), received, exact=True)
+            case AckTopic(t, client):
+                read_ack(payload, run_id=run, round=t, client=client)
+                self._tally(self.acks, t, client)
+                return []
+            case UploadTopic(t, client):
+                return self._upload(t, client, payload)
+            case MetricsTopic(t, client):
+                return self._metrics(payload, t, client)
+            case other:
+                raise WireError("topic", f"the watcher does not read {other.kind} messages")
 
     def _row(self, client: str) -> ClientRow:
         return self.clients.setdefault(client, ClientRow())
 
     def _status(self, client: str, payload: bytes) -> list[str]:
+        if not payload:  # a cleared retained status
+            if client in self.clients:
+                self.clients[client].online = None
+            return []
         status = read_status(payload, run_id=self.run_id, client=client)
         row = self._row(client)
         was = row.online
@@ -219,13 +226,15 @@ class FederationView:
         why = f" ({row.reason})" if row.reason else ""
         return [] if was is False else [f"client {client} offline{why}"]
 
-    def _run_status(self, status: RunStatus, received: float, exact: bool) -> list[str]:
+    def _run_status(self, status: RunStatus, received: float) -> list[str]:
+        exact = received - self.connected_at > RETAINED_WINDOW_S
+        events = [f"client {c} throttled" for c in status.throttled if c not in self.throttled]
+        self.throttled = self.throttled | frozenset(status.throttled)
         t = status.round
         if t < self.round:
-            return []  # overtaken by what we already saw
+            return events  # overtaken by what we already saw
         if status.start is not None:
-            return self._open(status.start, received, exact=exact)
-        events = []
+            return events + self._open(status.start, received, exact=exact)
         if status.phase in ("closed", "finished") and t > self.closed_through:
             self.closed_through = t
             events.append(f"round {t} closed")
@@ -320,36 +329,24 @@ class FederationView:
 
 
 # --- drawing -------------------------------------------------------------------------------
-def _countdown(view: FederationView, now: float) -> str:
-    if view.deadline is None:
-        return "-"
-    left = max(view.deadline - now, 0.0)
-    return f"{'' if view.deadline_exact else '≤'}{left:.0f}s"
-
-
-def _names(clients: list[str], count: int) -> str:
-    """The first few of ``count`` clients, then how many more."""
-    if not clients:
-        return "none"
-    more = count - MAX_NAMES
-    return ", ".join(clients[:MAX_NAMES]) + (f" +{more} more" if more > 0 else "")
-
-
 def _round_line(view: FederationView, now: float) -> str:
     t = view.round
-    if view.phase == "open":
-        done, selected = view.done(), len(view.selected)
-        return (
-            f"round {t} open · deadline {_countdown(view, now)} · uploads {done}/{selected} · "
-            f"missing {_names(view.missing(first=MAX_NAMES), selected - done)}"
-        )
-    if view.phase == "closed":
-        return f"round {t} closed · waiting for round {t + 1}"
-    if view.phase == "finished":
-        return f"run finished after round {t}"
-    if view.phase == "waiting":
-        return "waiting for clients to join"
-    return "no run status yet"
+    match view.phase:
+        case "open":
+            done, selected = view.done(), len(view.selected)
+            left = countdown(view.deadline, now, exact=view.deadline_exact)
+            return (
+                f"round {t} open · deadline {left} · uploads {done}/{selected}"
+                f" · missing {first_names(view.missing(first=MAX_NAMES), selected - done)}"
+            )
+        case "closed":
+            return f"round {t} closed · waiting for round {t + 1}"
+        case "finished":
+            return f"run finished after round {t}"
+        case "waiting":
+            return "waiting for clients to join"
+        case "unknown":
+            return "no run status yet"
 
 
 def _in_round(view: FederationView, client: str) -> Text:

@@ -55,7 +55,6 @@ from mqttfl.wire.control import (
     RoundStart,
     RunStatus,
 )
-from mqttfl.wire.ids import BROADCAST
 from mqttfl.wire.resend import Resend
 
 T = TypeVar("T")
@@ -407,7 +406,7 @@ class ClientRunner:
             return
         pending = self.pending.setdefault(t, PendingDownlink())
         pending.size += received.size
-        if received.topic_client == BROADCAST:
+        if received.broadcast:
             pending.broadcast = downlink
         else:
             pending.personal = downlink

@@ -22,8 +22,8 @@ from mqttfl.wire.control import (
     read_start,
     read_status,
 )
-from mqttfl.wire.ids import BROADCAST
 from mqttfl.wire.resend import Resend, read_downlink_or_resend
+from mqttfl.wire.topics import DownTopic, StartTopic, StateTopic, StatusTopic
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Received:
     """A validated message and when it arrived (monotonic)."""
 
     message: RoundStart | RunStatus | Downlink | Resend
-    topic_client: str | None
+    broadcast: bool  # came on the broadcast downlink topic (``down/all``)
     size: int
     received: float
 
@@ -43,27 +43,27 @@ def read_for_client(
     None for what needs no action. WireError for anything hostile."""
     if incoming.error is not None:  # chunks that could not be put together
         raise incoming.error
-    where = Topics(config.run_id).parse(incoming.topic)
     run, size = config.run_id, len(incoming.payload)
     message: RoundStart | RunStatus | Downlink | Resend
-    if where.kind == "status":
-        if where.client == client_id and incoming.payload:
-            status = read_status(incoming.payload, run_id=run, client=client_id)
-            if isinstance(status, Offline):
-                return status
-        return None
-    if where.kind == "start" and where.round is not None:
-        message = read_start(incoming.payload, run_id=run, round=where.round)
-    elif where.kind == "state":
-        message = read_run_status(incoming.payload, run_id=run)
-    elif where.kind == "down" and where.round is not None and where.client is not None:
-        if where.client not in (BROADCAST, client_id):
-            raise WireError("topic", f"a downlink for {where.client!r} reached {client_id!r}")
-        message = read_downlink_or_resend(
-            incoming.payload, run_id=run, round=where.round, client=where.client
-        )
-    else:
-        raise WireError("topic", f"a client does not take {where.kind} messages")
+    broadcast = False
+    match Topics(config.run_id).parse(incoming.topic):
+        case StatusTopic(client):
+            if client == client_id and incoming.payload:
+                status = read_status(incoming.payload, run_id=run, client=client_id)
+                if isinstance(status, Offline):
+                    return status
+            return None
+        case StartTopic(t):
+            message = read_start(incoming.payload, run_id=run, round=t)
+        case StateTopic():
+            message = read_run_status(incoming.payload, run_id=run)
+        case DownTopic(t, client) as down:
+            if not down.broadcast and client != client_id:
+                raise WireError("topic", f"a downlink for {client!r} reached {client_id!r}")
+            message = read_downlink_or_resend(incoming.payload, run_id=run, round=t, client=client)
+            broadcast = down.broadcast
+        case other:
+            raise WireError("topic", f"a client does not take {other.kind} messages")
     if message.round > config.rounds:
         raise WireError("range", f"round {message.round} is beyond the run's {config.rounds}")
     if (
@@ -73,8 +73,8 @@ def read_for_client(
     ):
         raise WireError("range", f"'finished' after round {message.round} of {config.rounds}")
     if isinstance(message, Downlink):
-        check_downlink(method, message, personal=where.client != BROADCAST)
-    return Received(message, where.client, size, incoming.received)
+        check_downlink(method, message, personal=not broadcast)
+    return Received(message, broadcast, size, incoming.received)
 
 
 def check_downlink(method: ClientSide, downlink: Downlink, *, personal: bool) -> None:

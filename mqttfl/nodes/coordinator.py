@@ -30,7 +30,7 @@ from mqttfl.engine.budget import MAX_SENDERS, RATES
 from mqttfl.engine.buffered import make_engine
 from mqttfl.engine.journal import Journal
 from mqttfl.engine.rounds import Action, Announce, Close, Finish, Keep
-from mqttfl.engine.state import Resume, RunState, check_resume
+from mqttfl.engine.state import Resume, RunState, RunSummary, check_resume
 from mqttfl.errors import BrokerError, RejectedUpload, RunAborted, WireError
 from mqttfl.logs import get_logger
 from mqttfl.nodes.run_lease import LeaseGuard, my_lease
@@ -46,6 +46,14 @@ from mqttfl.wire.control import (
 )
 from mqttfl.wire.lease import Lease
 from mqttfl.wire.resend import RESEND_REASONS, Resend
+from mqttfl.wire.topics import (
+    AckTopic,
+    LeaseTopic,
+    MetricsTopic,
+    SiteTopic,
+    StatusTopic,
+    UploadTopic,
+)
 
 __all__ = ["Coordinator", "RunAborted"]
 
@@ -171,7 +179,7 @@ class Coordinator:
             where = self.screen.where(message)
             read = self.screen.admit(where, message) == "read"
             if read:
-                self._handle(message)
+                self.process(message)
 
         self._guarded(message, step)
         return read
@@ -202,12 +210,13 @@ class Coordinator:
         for sender in self.screen.budget.newly_named():
             self._throttled(sender)
 
-    def _release_held(self) -> bool:
-        """Read the held state messages whose senders have a token again (True if any)."""
+    def release_held(self) -> bool:
+        """Read the held state messages whose senders have a token again (True if any);
+        the inbox calls it after every message, and a test may call it to drive the screen."""
         released = self.screen.release()
         for message in released:
             self.screen.quiet = False
-            self._guarded(message, functools.partial(self._handle, message))
+            self._guarded(message, functools.partial(self.process, message))
         held = self.screen.budget.summary_due()
         if held:
             self.log.warning("messages.held_back", reasons=held, note="rejections not logged")
@@ -270,36 +279,40 @@ class Coordinator:
             payload = self._status.encode(self.config.run_id)
             await self.bus.publish(self.topics.state, payload, retain=True)
 
-    def _handle(self, message: Incoming) -> None:
-        """Decode and hand one message to the engine (``handle`` screens it first)."""
+    def process(self, message: Incoming) -> None:
+        """Decode and hand one message to the engine (``handle`` screens it first).
+
+        A hook: a subclass may wrap it to watch what the engine accepts (benchmarks/loadfed.py
+        times every accepted upload); errors it raises are ``handle``'s to count."""
         if message.error is not None:  # chunks that could not be put together
             self._ask_resend(message)
             raise message.error
-        where = self.topics.parse(message.topic)
-        run, client, t = self.config.run_id, where.client, where.round
-        if where.kind == "status" and client is not None:
-            if message.payload:  # an empty payload clears a retained status
-                self.engine.on_status(read_status(message.payload, run_id=run, client=client))
-        elif where.kind == "site" and client is not None:
-            self.engine.on_site(client, read_site_notice(message.payload))
-        elif where.kind == "lease":
-            self._on_lease(message.payload)
-        elif where.kind == "ack" and client is not None and t is not None:
-            self.engine.on_ack(read_ack(message.payload, run_id=run, round=t, client=client))
-        elif where.kind == "up" and client is not None and t is not None:
-            try:
-                self.engine.on_upload(t, client, message.payload, message.wire_bytes)
-            except RejectedUpload as exc:
-                exc.round, exc.client = t, client
-                raise
-            self.log.debug("upload.accepted", round=t, client=client, bytes=len(message.payload))
-        elif where.kind == "metrics" and client is not None and t is not None:
-            metrics = read_metrics(message.payload, run_id=run, round=t, client=client)
-            record = self.engine.on_metrics(metrics)
-            if record is not None:
-                self.journal.append_metrics(record)
-        else:
-            raise WireError("topic", f"the coordinator does not take {where.kind} messages")
+        run = self.config.run_id
+        match self.topics.parse(message.topic):
+            case StatusTopic(client):
+                if message.payload:  # an empty payload clears a retained status
+                    self.engine.on_status(read_status(message.payload, run_id=run, client=client))
+            case SiteTopic(site):
+                self.engine.on_site(site, read_site_notice(message.payload))
+            case LeaseTopic():
+                self._on_lease(message.payload)
+            case AckTopic(t, client):
+                self.engine.on_ack(read_ack(message.payload, run_id=run, round=t, client=client))
+            case UploadTopic(t, client):
+                try:
+                    self.engine.on_upload(t, client, message.payload, message.wire_bytes)
+                except RejectedUpload as exc:
+                    exc.round, exc.client = t, client
+                    raise
+                size = len(message.payload)
+                self.log.debug("upload.accepted", round=t, client=client, bytes=size)
+            case MetricsTopic(t, client):
+                metrics = read_metrics(message.payload, run_id=run, round=t, client=client)
+                record = self.engine.on_metrics(metrics)
+                if record is not None:
+                    self.journal.append_metrics(record)
+            case other:
+                raise WireError("topic", f"the coordinator does not take {other.kind} messages")
 
     def _ask_resend(self, message: Incoming) -> None:
         """An upload of the open round that could not be put together (refused for room,
@@ -311,9 +324,9 @@ class Coordinator:
             where = self.topics.parse(message.topic)
         except WireError:
             return
-        t, client, gate = where.round, where.client, self.engine.gate
-        if where.kind != "up" or client is None or t is None:
+        if not isinstance(where, UploadTopic):
             return
+        t, client, gate = where.round, where.client, self.engine.gate
         if not gate.open or t != gate.round or client not in gate.selected:
             return
         if client in gate.accepted:
@@ -349,7 +362,7 @@ class Coordinator:
 
     async def _inbox(self) -> None:
         while True:
-            if self.handle(await self.bus.incoming.get()) | self._release_held():
+            if self.handle(await self.bus.incoming.get()) | self.release_held():
                 self.wake.set()  # (a flood the screen drops never wakes the round loop)
 
     # --- actions -------------------------------------------------------------------------
@@ -372,7 +385,7 @@ class Coordinator:
             self.journal.write_summary(action.summary)
             last = self.engine.state.round
             await self._publish_state(RunStatus("finished", last, finished_at=time.time()))
-            self.log.info("run.summary", mean=action.summary["mean"])
+            self.log.info("run.summary", mean=action.summary.mean.model_dump())
 
     async def _close(self, action: Close) -> None:
         t, began = action.round, time.monotonic()
@@ -383,14 +396,16 @@ class Coordinator:
             await self._synced_checkpoint()
             self.journal.save_checkpoint(action.checkpoint, sync=False)
             self._syncing = asyncio.create_task(asyncio.to_thread(self.journal.sync_checkpoint))
-        await self._publish_downlinks(t, action.payloads)
+        await self.publish_downlinks(t, action.payloads)
         await self._publish_state(RunStatus("closed", t))
         if action.checkpoint is not None:
             self.log.info(
                 "round.closed", round=t, seconds=round(time.monotonic() - began, 3), **action.log
             )
 
-    async def _publish_downlinks(self, t: int, payloads: DownlinkPayloads) -> None:
+    async def publish_downlinks(self, t: int, payloads: DownlinkPayloads) -> None:
+        """Publish round ``t``'s downlinks, after its checkpoint. A hook: a subclass may wrap
+        it (benchmarks/loadfed.py times it)."""
         # Pipelined: one broker round trip for all of them, not one per client.
         await asyncio.gather(
             *(
@@ -409,7 +424,7 @@ class Coordinator:
             self._syncing = None
 
     # --- whole run -----------------------------------------------------------------------
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> RunSummary | None:
         async with asyncio.TaskGroup() as group:
             bus_task = group.create_task(self.bus.run())
             try:
@@ -424,7 +439,7 @@ class Coordinator:
                 bus_task.cancel()
         return summary
 
-    async def _loop(self) -> dict[str, Any]:
+    async def _loop(self) -> RunSummary | None:
         engine = self.engine
         self.log.info(
             "run.started",
@@ -435,7 +450,7 @@ class Coordinator:
         )
         if engine.state.round == 0:
             await self._publish_state(RunStatus("waiting", 0))
-        summary: dict[str, Any] = {}
+        summary: RunSummary | None = None
         while not engine.finished:
             self.wake.clear()
             for action in engine.step():
@@ -444,7 +459,7 @@ class Coordinator:
                     summary = action.summary
             if engine.finished:
                 break
-            self._release_held()
+            self.release_held()
             engine_at = engine.wake_at()
             wake_at = min(math.inf if engine_at is None else engine_at, self.screen.next_release)
             timeout = None if wake_at == math.inf else max(wake_at - time.monotonic(), 0.0)
@@ -463,5 +478,5 @@ class Coordinator:
             except BrokerError as exc:
                 self.log.warning("lease.unreleased", error=str(exc))
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunSummary:
         return self.engine.summary()

@@ -35,6 +35,7 @@ from mqttfl.logs import get_logger
 from mqttfl.wire import Topics
 from mqttfl.wire.control import RunStatus, read_run_status
 from mqttfl.wire.lease import Lease, is_probe, probe, read_lease, taken
+from mqttfl.wire.topics import SiteTopic
 
 T = TypeVar("T")
 LEASE_GRACE_S = 2.0  # past 1.5 keep-alives (when the broker fires a silent holder's will)
@@ -129,7 +130,7 @@ async def claim_run(
 
 def _is_site(topics: Topics, topic: str) -> bool:
     try:
-        return topics.parse(topic).kind == "site"
+        return isinstance(topics.parse(topic), SiteTopic)
     except WireError:
         return False
 

@@ -30,20 +30,36 @@ from mqttfl.engine.rounds import RoundEngine
 from mqttfl.errors import RejectedUpload, WireError
 from mqttfl.wire import Topics
 from mqttfl.wire.ids import client_order
-from mqttfl.wire.topics import TopicInfo
+from mqttfl.wire.topics import (
+    AckTopic,
+    DownTopic,
+    LeaseTopic,
+    MetricsTopic,
+    SiteTopic,
+    StartTopic,
+    StateTopic,
+    StatusTopic,
+    TopicInfo,
+    UploadTopic,
+)
 
 LEASE = "/lease"  # the lease topic's sender key (never a client id: ids hold no '/')
-STATE_KINDS = ("status", "site")
 Verdict = Literal["read", "drop"]
 
 
 def sender_of(where: TopicInfo) -> str:
     """Whose budget a message is charged to: a client id, a site, the lease, or nobody."""
-    if where.kind == "site" and where.client is not None:
-        return f"site/{where.client}"
-    if where.kind == "lease":
-        return LEASE
-    return where.client if where.client is not None else UNNAMED
+    match where:
+        case SiteTopic(site):
+            return f"site/{site}"
+        case LeaseTopic():
+            return LEASE
+        case StartTopic() | StateTopic():
+            return UNNAMED
+        case StatusTopic(client) | DownTopic(_, client) | AckTopic(_, client):
+            return client
+        case UploadTopic(_, client) | MetricsTopic(_, client):
+            return client
 
 
 class Screen:
@@ -75,9 +91,9 @@ class Screen:
         """``read`` it now, or ``drop`` it (held back, a repeat, or throttled); raises
         WireError (RejectedUpload for uploads) for what the O(1) checks refuse."""
         sender = sender_of(where)
-        if where.kind == "lease":
+        if isinstance(where, LeaseTopic):
             return "read"
-        if where.kind in STATE_KINDS:
+        if isinstance(where, StatusTopic | SiteTopic):  # each replaces the one before it
             admitted = self.budget.admit(sender, "state")  # (a flood goes on while it fails)
             if admitted and self.budget.quiet_at(sender) <= self.clock():
                 self.held.pop(sender, None)
@@ -94,22 +110,22 @@ class Screen:
     def _repeat(self, where: TopicInfo, message: Incoming) -> bool:
         """The O(1) checks: raise for what is refused, True for a repeat to drop quietly,
         False for a message worth decoding."""
-        client, t, engine = where.client, where.round, self.engine
-        if message.error is not None or client is None or t is None:
+        if message.error is not None:
             return False
+        engine = self.engine
         try:
-            if where.kind == "up":
-                try:
-                    engine.gate.screen(t, client, len(message.payload))
-                except RejectedUpload as exc:
-                    exc.round, exc.client = t, client
-                    raise
-                return False
-            if where.kind == "metrics" and engine.metrics_repeat(t, client):
-                self.quiet = not self.budget.admit(client, "noise")
-                return True
+            match where:
+                case UploadTopic(t, client):
+                    try:
+                        engine.gate.screen(t, client, len(message.payload))
+                    except RejectedUpload as exc:
+                        exc.round, exc.client = t, client
+                        raise
+                case MetricsTopic(t, client) if engine.metrics_repeat(t, client):
+                    self.quiet = not self.budget.admit(client, "noise")
+                    return True
         except WireError:
-            self.quiet = not self.budget.admit(client, "noise")
+            self.quiet = not self.budget.admit(sender_of(where), "noise")
             raise
         return False
 

@@ -1,6 +1,6 @@
 """The sensing loop: windows from a source, one reading each, published to the broker.
 
-Sources (``--input``):
+Sources (``--input``, one class each in :mod:`.source`):
 
 * a capture file in any ``data prepare`` format, replayed at its recorded packet rate
   (``--fast``: as fast as it goes);
@@ -63,41 +63,15 @@ from mqttfl.sensing.publish import (
     encode,
     iso_time,
     package_version,
-    shown,
     state_message,
 )
 from mqttfl.sensing.replay import guess_format, read_capture_file, read_shard, replay_rate
+from mqttfl.sensing.source import CaptureSource, MqttSource, ShardSource, Source
 from mqttfl.sensing.spec import SensorSpec, load_spec
 from mqttfl.training.metrics import classification_report
 
 GOODBYE_S = 5.0  # to publish `offline` on the way out
-MAX_TOPIC_BYTES = 65_535  # MQTT's limit on a topic
 STOP_CODES = {"SIGTERM": 0, "SIGINT": 130}  # the exit code after a clean stop
-
-
-@dataclass(frozen=True)
-class Source:
-    kind: str  # "capture", "mqtt" or "shard"
-    target: str
-
-    @classmethod
-    def parse(cls, text: str) -> Source:
-        if text.startswith("mqtt:"):
-            topic = text[5:]
-            if (
-                not topic
-                or any(c in topic for c in "#+\0")
-                or not topic.isprintable()
-                or len(topic.encode("utf-8", "replace")) > MAX_TOPIC_BYTES
-            ):
-                raise UsageError(
-                    f"--input {shown(text)}: name one topic after mqtt: (printable, at most "
-                    f"{MAX_TOPIC_BYTES} bytes, no wildcards)"
-                )
-            return cls("mqtt", topic)
-        if text.startswith("shard:"):
-            return cls("shard", text[6:])
-        return cls("capture", text)
 
 
 @dataclass
@@ -164,7 +138,7 @@ class Sensor:
         self.gateway: GatewayFrames | None = None
         self.inlet: FrameInlet | None = None
         self.stopped_by: str | None = None  # the signal that stopped the sensor
-        self.reading = options.source.kind != "mqtt"  # False until subscribed to the topic
+        self.reading = not isinstance(options.source, MqttSource)  # False until subscribed
         self.log = get_logger(component="sense", sensor=self.topics.name)
         self._check_source()
 
@@ -172,7 +146,7 @@ class Sensor:
     def _check_source(self) -> None:
         """Fail before connecting when the source cannot work (each a line naming it)."""
         o = self.options
-        if o.evaluate and o.source.kind != "shard":
+        if o.evaluate and not isinstance(o.source, ShardSource):
             raise UsageError("--eval needs --input shard:PATH (labelled windows)")
         if (o.stream or o.curve is not None) and not (o.evaluate and self.adapting):
             raise UsageError("--stream and --curve go with --eval of a model that adapts")
@@ -180,24 +154,28 @@ class Sensor:
             raise UsageError(
                 "--broker is required (the readings go there), e.g. mqtt://127.0.0.1:1883"
             )
-        if o.source.kind == "mqtt" and o.broker is None:
-            raise UsageError("--input mqtt:TOPIC needs --broker")
-        if o.source.kind == "capture":
-            path = Path(o.source.target)
-            if not path.is_file():
-                raise DataError(path, "capture file not found")
-            if self.spec.preprocess.kind != "csi-windows":
-                raise DataError(path, "the model reads feature vectors; give --input shard:PATH")
-            self.capture_format = o.capture_format or guess_format(path, self.spec)
-            self.capture = read_capture_file(
-                path, self.capture_format, nexmon_chip=o.nexmon_chip, nexmon_bw=o.nexmon_bw
-            )
-            self.rows = capture_rows(self.capture, self.spec.preprocess)
-            self.rate = None if o.fast else replay_rate(path, self.spec, o.rate)
-        elif o.source.kind == "shard":
-            self.shard = read_shard(Path(o.source.target), self.spec)
-        elif self.spec.preprocess.kind != "csi-windows":
-            raise UsageError("--input mqtt:TOPIC needs a model that reads CSI windows")
+        windows = self.spec.preprocess.kind == "csi-windows"  # else feature vectors
+        match o.source:
+            case MqttSource() if o.broker is None:
+                raise UsageError("--input mqtt:TOPIC needs --broker")
+            case MqttSource() if not windows:
+                raise UsageError("--input mqtt:TOPIC needs a model that reads CSI windows")
+            case CaptureSource(target):
+                path = Path(target)
+                if not path.is_file():
+                    raise DataError(path, "capture file not found")
+                if not windows:
+                    raise DataError(
+                        path, "the model reads feature vectors; give --input shard:PATH"
+                    )
+                self.capture_format = o.capture_format or guess_format(path, self.spec)
+                self.capture = read_capture_file(
+                    path, self.capture_format, nexmon_chip=o.nexmon_chip, nexmon_bw=o.nexmon_bw
+                )
+                self.rows = capture_rows(self.capture, self.spec.preprocess)
+                self.rate = None if o.fast else replay_rate(path, self.spec, o.rate)
+            case ShardSource(target):
+                self.shard = read_shard(Path(target), self.spec)
 
     def _birth(self) -> list[tuple[str, bytes, bool]]:
         """What every (re)connect publishes: the discovery config, and ``online`` once the
@@ -235,13 +213,14 @@ class Sensor:
             await asyncio.sleep(0)
 
     def _windows(self) -> AsyncIterator[Window]:
-        kind = self.options.source.kind
-        if kind == "capture":
-            return self._capture_windows()
-        if kind == "mqtt":
-            assert self.gateway is not None
-            return self.gateway.windows()
-        return self._shard_windows()
+        match self.options.source:
+            case CaptureSource():
+                return self._capture_windows()
+            case MqttSource():
+                assert self.gateway is not None
+                return self.gateway.windows()
+            case ShardSource():
+                return self._shard_windows()
 
     # --- output -----------------------------------------------------------------------
     async def _publish(self, reading: Reading) -> dict[str, Any]:
@@ -369,7 +348,7 @@ class Sensor:
         o = self.options
         if self.bus is not None:
             await self.bus.wait_connected(timeout=o.connect_timeout_s)
-        if o.source.kind == "mqtt":
+        if isinstance(o.source, MqttSource):
             await self._open_inlet()
         self.log.info("sense.started", source=o.source.kind, target=o.source.target)
         if o.evaluate:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -30,6 +29,7 @@ from mqttfl.algorithms.base import ClientSide
 from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.engine.buffered import make_engine
+from mqttfl.engine.documents import RunSummary
 from mqttfl.engine.journal import LAST_ROUNDS as LAST
 from mqttfl.engine.rounds import Announce, Close, Finish, RoundEngine
 from mqttfl.errors import RejectedUpload
@@ -81,7 +81,7 @@ class Trace:
     )  # t, client, round, bytes
     rejected: list[tuple[float, str, int, str]] = field(default_factory=list)  # ..., reason
     down_bytes: list[int] = field(default_factory=list)  # per client-downlink
-    summary: dict[str, Any] | None = None
+    summary: RunSummary | None = None
     compute_s: float = 0.0  # real seconds spent training and evaluating
 
 

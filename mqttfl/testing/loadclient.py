@@ -36,7 +36,7 @@ from typing import Literal
 import numpy as np
 
 from mqttfl.bus.address import BrokerAddress, Credentials
-from mqttfl.bus.transport import Bus
+from mqttfl.bus.transport import Bus, Incoming
 from mqttfl.config import RunConfig, load_config
 from mqttfl.errors import MqttflError, WireError
 from mqttfl.logs import configure_logging, get_logger
@@ -53,6 +53,7 @@ from mqttfl.wire.control import (
 )
 from mqttfl.wire.resend import Resend, read_downlink_or_resend
 from mqttfl.wire.schemas import ClientInfo
+from mqttfl.wire.topics import DownTopic, StartTopic, StateTopic
 
 BARRIER_S = 2.0  # how long the first selected device waits for the others before all upload
 
@@ -146,21 +147,20 @@ class LoadFleet:
         self.config = config
         self.classes_each = classes_each
         self.upload = upload
-        # A weight-sharing upload is the config's model; prototypes need no model at all.
-        self.arch = config.model.name if upload == "weights" else "load"
+        model = config.model
+        match upload:
+            case "weights":  # a weight-sharing upload is the config's model
+                self.arch = model.name
+                self.weights_length = weight_count(
+                    model.name,
+                    num_classes=model.num_classes,
+                    embed_dim=model.embed_dim,
+                    input_dim=LOAD_SIDE,
+                )
+            case "prototypes":  # prototypes need no model at all
+                self.arch, self.weights_length = "load", 0
         # A sample shape the model takes (the coordinator checks it): windows, or vectors.
         self.sample_shape = (LOAD_SIDE,) if self.arch in ("load", "mlp") else (LOAD_SIDE,) * 2
-        model = config.model
-        self.weights_length = (
-            weight_count(
-                model.name,
-                num_classes=model.num_classes,
-                embed_dim=model.embed_dim,
-                input_dim=LOAD_SIDE,
-            )
-            if upload == "weights"
-            else 0
-        )
         self.topics = Topics(config.run_id)
         self.log = get_logger(run_id=config.run_id, client_id="loadclient")
         self.rng = np.random.default_rng(config.seed)
@@ -218,12 +218,14 @@ class LoadFleet:
         if not record.t_publish:
             record.t_publish = time.monotonic()
         run = self.config.run_id
-        if self.upload == "weights":
-            payload = weights_upload(run, t, device.client_id, self.weights_length, self.rng)
-        else:
-            payload = prototype_upload(
-                run, t, device.client_id, device.classes, self.config.model.embed_dim, self.rng
-            )
+        match self.upload:
+            case "weights":
+                payload = weights_upload(run, t, device.client_id, self.weights_length, self.rng)
+            case "prototypes":
+                embed_dim = self.config.model.embed_dim
+                payload = prototype_upload(
+                    run, t, device.client_id, device.classes, embed_dim, self.rng
+                )
         async with device.sending:
             message = await device.bus.publish(self.topics.up(t, device.client_id), payload)
             device.payloads = {t: (payload, message)}  # only the newest is ever asked again
@@ -278,39 +280,41 @@ class LoadFleet:
             if not incoming.payload:
                 continue
             run = self.config.run_id
+            start = None
             try:
-                where = self.topics.parse(incoming.topic)
-                start = None
-                if where.kind == "state":
-                    status = read_run_status(incoming.payload, run_id=run)
-                    if status.phase == "finished":
-                        self.finished.set()
-                    start = status.start
-                elif where.kind == "start" and where.round is not None:
-                    start = read_start(incoming.payload, run_id=run, round=where.round)
-                elif where.kind == "down" and where.round is not None and where.client:
-                    downlink = read_downlink_or_resend(
-                        incoming.payload, run_id=run, round=where.round, client=where.client
-                    )
-                    if isinstance(downlink, Resend):
-                        asyncio.get_running_loop().create_task(self._resend(device, downlink))
-                        continue
-                    record = self.records.setdefault(where.round, RoundRecord())
-                    record.down_messages += 1
-                    record.down_bytes += incoming.wire_bytes
-                    if downlink.personal_for is None:
-                        record.personal_bytes_max = max(
-                            record.personal_bytes_max, incoming.wire_bytes
-                        )
-                    self._on_downlink(device, where.round, downlink.personal_for)
-                    if downlink.personal_for is not None:
-                        await self._on_broadcast(device, where.round)
+                match self.topics.parse(incoming.topic):
+                    case StateTopic():
+                        status = read_run_status(incoming.payload, run_id=run)
+                        if status.phase == "finished":
+                            self.finished.set()
+                        start = status.start
+                    case StartTopic(t):
+                        start = read_start(incoming.payload, run_id=run, round=t)
+                    case DownTopic(t, client):
+                        await self._on_down(device, t, client, incoming)
             except WireError as exc:
                 self.log.warning("message.rejected", topic=incoming.topic, reason=exc.reason)
                 continue
             if start is not None:
                 task = self._on_start(device, start, incoming.received)
                 asyncio.get_running_loop().create_task(task)
+
+    async def _on_down(self, device: Device, t: int, client: str, incoming: Incoming) -> None:
+        """A downlink (``client`` is the device or BROADCAST), or a request to resend."""
+        downlink = read_downlink_or_resend(
+            incoming.payload, run_id=self.config.run_id, round=t, client=client
+        )
+        if isinstance(downlink, Resend):
+            asyncio.get_running_loop().create_task(self._resend(device, downlink))
+            return
+        record = self.records.setdefault(t, RoundRecord())
+        record.down_messages += 1
+        record.down_bytes += incoming.wire_bytes
+        if downlink.personal_for is None:
+            record.personal_bytes_max = max(record.personal_bytes_max, incoming.wire_bytes)
+        self._on_downlink(device, t, downlink.personal_for)
+        if downlink.personal_for is not None:
+            await self._on_broadcast(device, t)
 
     async def run(self) -> int:
         async with asyncio.TaskGroup() as group:

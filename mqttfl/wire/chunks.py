@@ -153,6 +153,10 @@ class Reassembler:
     def buffered(self) -> int:
         return sum(p.size for p in self.partials.values())
 
+    def reserved_by(self, sender: str) -> int:
+        """The bytes reserved for ``sender``'s partial messages (at most max_sender_bytes)."""
+        return self._reserved[sender]
+
     def resize(
         self, *, buffered: int, per_sender: int, expected: frozenset[str] | None = None
     ) -> None:

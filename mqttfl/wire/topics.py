@@ -13,12 +13,22 @@ from its topic alone, before its payload is even decoded.
     mqttfl/{run}/state                       retained run state for late joiners
     mqttfl/{run}/site/{site}                 a site bridge's notice: 1 connected, 0 gone (its will)
     mqttfl/{run}/lease                       retained: the run's live coordinator (its will: gone)
+
+:meth:`Topics.parse` turns a topic into one of the classes of :data:`TopicInfo`, each
+holding exactly the levels its kind has (already checked), so a reader takes it apart
+with one ``match``::
+
+    match topics.parse(message.topic):
+        case UploadTopic(t, client): ...
+        case StatusTopic(client): ...
+        case other: raise WireError("topic", f"not taken here: {other.kind} messages")
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 from mqttfl.errors import WireError
 from mqttfl.wire.ids import BROADCAST, check_id
@@ -26,14 +36,101 @@ from mqttfl.wire.ids import BROADCAST, check_id
 MAX_ROUND = 999_999_999  # nine ASCII digits in a topic
 MAX_TOPIC_CHARS = 512
 _ROUND = re.compile(r"^(0|[1-9][0-9]{0,8})$")  # ASCII only: str.isdigit() takes '²'
-_PER_CLIENT = ("down", "up", "metrics", "ack")
 
 
 @dataclass(frozen=True)
-class TopicInfo:
-    kind: str  # start | down | ack | up | metrics | status | state | site | lease
-    round: int | None
-    client: str | None  # None for start/state; "all" for the broadcast downlink
+class StartTopic:
+    """``round/{t}/start``: the coordinator opens round ``t``."""
+
+    kind: ClassVar[str] = "start"  # the topic level, for messages and logs only
+    round: int
+
+
+@dataclass(frozen=True)
+class DownTopic:
+    """``round/{t}/down/{client}``: a personal downlink, or ``client == BROADCAST``."""
+
+    kind: ClassVar[str] = "down"
+    round: int
+    client: str  # a client id, or BROADCAST ("all")
+
+    @property
+    def broadcast(self) -> bool:
+        return self.client == BROADCAST
+
+
+@dataclass(frozen=True)
+class AckTopic:
+    """``round/{t}/ack/{client}``: a selected client saw the start."""
+
+    kind: ClassVar[str] = "ack"
+    round: int
+    client: str
+
+
+@dataclass(frozen=True)
+class UploadTopic:
+    """``round/{t}/up/{client}``: a client's upload."""
+
+    kind: ClassVar[str] = "up"
+    round: int
+    client: str
+
+
+@dataclass(frozen=True)
+class MetricsTopic:
+    """``round/{t}/metrics/{client}``: a client's metrics of round ``t``."""
+
+    kind: ClassVar[str] = "metrics"
+    round: int
+    client: str
+
+
+@dataclass(frozen=True)
+class StatusTopic:
+    """``status/{client}``: a client's retained status (its will: offline)."""
+
+    kind: ClassVar[str] = "status"
+    client: str
+
+
+@dataclass(frozen=True)
+class StateTopic:
+    """``state``: the retained run state."""
+
+    kind: ClassVar[str] = "state"
+
+
+@dataclass(frozen=True)
+class SiteTopic:
+    """``site/{site}``: a site bridge's notice."""
+
+    kind: ClassVar[str] = "site"
+    site: str
+
+
+@dataclass(frozen=True)
+class LeaseTopic:
+    """``lease``: the run's live coordinator."""
+
+    kind: ClassVar[str] = "lease"
+
+
+#: A parsed topic of the run: one class per kind, each field checked by the parser.
+TopicInfo = (
+    StartTopic
+    | DownTopic
+    | AckTopic
+    | UploadTopic
+    | MetricsTopic
+    | StatusTopic
+    | StateTopic
+    | SiteTopic
+    | LeaseTopic
+)
+_PER_CLIENT: dict[str, type[DownTopic | AckTopic | UploadTopic | MetricsTopic]] = {
+    cls.kind: cls for cls in (DownTopic, AckTopic, UploadTopic, MetricsTopic)
+}
 
 
 @dataclass(frozen=True)
@@ -126,21 +223,19 @@ class Topics:
         prefix = self.base + "/"
         if len(topic) > MAX_TOPIC_CHARS or not topic.startswith(prefix):
             raise WireError("topic", f"not a topic of run {self.run_id}: {topic[:100]!r}")
-        parts = topic[len(prefix) :].split("/")
-        if parts == ["state"]:
-            return TopicInfo("state", None, None)
-        if parts == ["lease"]:
-            return TopicInfo("lease", None, None)
-        if len(parts) == 2 and parts[0] == "status":
-            return TopicInfo("status", None, check_id(parts[1]))
-        if len(parts) == 2 and parts[0] == "site":
-            return TopicInfo("site", None, check_id(parts[1], "site"))
-        if len(parts) >= 3 and parts[0] == "round" and _ROUND.fullmatch(parts[1]):
-            t = int(parts[1])
-            if parts[2:] == ["start"]:
-                return TopicInfo("start", t, None)
-            if len(parts) == 4 and parts[2] in _PER_CLIENT:
-                if parts[2] == "down" and parts[3] == BROADCAST:
-                    return TopicInfo("down", t, BROADCAST)
-                return TopicInfo(parts[2], t, check_id(parts[3]))
+        match topic[len(prefix) :].split("/"):
+            case ["state"]:
+                return StateTopic()
+            case ["lease"]:
+                return LeaseTopic()
+            case ["status", client]:
+                return StatusTopic(check_id(client))
+            case ["site", site]:
+                return SiteTopic(check_id(site, "site"))
+            case ["round", t, "start"] if _ROUND.fullmatch(t):
+                return StartTopic(int(t))
+            case ["round", t, "down", client] if _ROUND.fullmatch(t) and client == BROADCAST:
+                return DownTopic(int(t), BROADCAST)
+            case ["round", t, kind, client] if _ROUND.fullmatch(t) and kind in _PER_CLIENT:
+                return _PER_CLIENT[kind](int(t), check_id(client))
         raise WireError("topic", f"unknown topic: {topic[:100]!r}")
