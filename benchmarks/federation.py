@@ -230,9 +230,10 @@ def _federation_class() -> type:
             super().__init__(*args, **kwargs)
             self.client_broker_url = client_broker_url
 
-        def _command(self, role: str, *extra: str) -> list[str]:
-            cmd: list[str] = super()._command(role, *extra)
-            if role == "client" and self.client_broker_url:
+        def command(self, role: str, *extra: str) -> list[str]:
+            cmd: list[str] = super().command(role, *extra)
+            # "clients": since the launcher forks every client from one process
+            if role in ("client", "clients") and self.client_broker_url:
                 cmd[cmd.index("--broker") + 1] = self.client_broker_url
             return cmd
 
