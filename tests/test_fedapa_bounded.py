@@ -18,17 +18,17 @@ from mqttfl.algorithms.fedapa import (
     FedAPAServer,
     aggregate_prototypes,
     prototype_contrast,
-    sample_weights,
-    shared_sample,
-    stack_uploads,
 )
 from mqttfl.algorithms.peer_sampling import (
     dequantize_sets,
     quantize_sets,
     rebuild_own_set,
+    sample_weights,
     set_strata,
+    shared_sample,
     strata_weights,
 )
+from mqttfl.algorithms.prototype_uploads import stack_uploads
 from mqttfl.wire.control import encode_downlinks
 from mqttfl.wire.schemas import ClientInfo
 from tests.inprocess import Federation

@@ -11,9 +11,9 @@ from mqttfl.algorithms.fedapa import (
     FedAPAServer,
     aggregate_prototypes,
     personalized_prototypes,
-    stack_uploads,
 )
 from mqttfl.algorithms.fedapa_fanin import BLOCK, FanIn
+from mqttfl.algorithms.prototype_uploads import stack_uploads
 from mqttfl.wire.schemas import ClientInfo
 
 C, D = 5, 12
