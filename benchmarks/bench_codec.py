@@ -27,8 +27,8 @@ MB = 1_000_000
 def payloads() -> dict[str, tuple[Any, Any]]:
     """name -> (message body, schema or None)."""
     from mqttfl.algorithms.base import Context
-    from mqttfl.algorithms.fedapa import prototype_schema
     from mqttfl.algorithms.fedavg import weights_schema
+    from mqttfl.algorithms.prototype_uploads import prototype_schema
     from mqttfl.algorithms.weights import weights_length
     from mqttfl.wire.schemas import ClientInfo
 

@@ -79,7 +79,8 @@ def deviation(n: int, sampling: str) -> dict[str, float]:
         else:
             sets = torch.from_numpy(down.broadcast["prototypes"])
         mine = down.personal["0"]
-        anchors = [torch.from_numpy(mine["own"])[None], sets]
+        own = padded[0].numpy()  # every class held: client 0's rebuilt P_i is its upload
+        anchors = [torch.from_numpy(own)[None], sets]
         if "extra" in mine:
             anchors.append(torch.from_numpy(mine["extra"]))
         weights = torch.from_numpy(mine["set_weights"])

@@ -16,16 +16,19 @@ from mqttfl.algorithms.fedapa import (
     FedAPAClient,
     FedAPAParams,
     FedAPAServer,
+    aggregate_prototypes,
     prototype_contrast,
-    sample_weights,
-    shared_sample,
 )
 from mqttfl.algorithms.peer_sampling import (
     dequantize_sets,
     quantize_sets,
+    rebuild_own_set,
+    sample_weights,
     set_strata,
+    shared_sample,
     strata_weights,
 )
+from mqttfl.algorithms.prototype_uploads import stack_uploads
 from mqttfl.wire.control import encode_downlinks
 from mqttfl.wire.schemas import ClientInfo
 from tests.inprocess import Federation
@@ -164,12 +167,63 @@ def test_above_k_plus_one_every_downlink_stays_under_the_bound() -> None:
         down = _server(c, d, k).aggregate(1, _uploads(n, c, d))
         assert down.broadcast["prototypes"].shape == (k + 1, c, d)
         payloads = encode_downlinks("r", 1, down.broadcast, down.personal)
-        bound = (k + 3) * c * d * 4 + 2048  # S, P_i and Q_i, float32, plus framing
+        bound = (k + 2) * c * d * 4 + c * 4 + 2048  # S and Q_i, float32, P_i's sums, framing
         biggest = len(payloads.broadcast) + max(len(p) for p in payloads.personal.values())
-        assert biggest <= bound <= 250_000
+        assert biggest <= bound <= 230_000
         body = down.personal["3"]
-        assert body["own"].shape == (c, d)
+        assert "own" not in body  # the client rebuilds its own set from its upload
+        assert body["own_sums"].shape == (c,)
         assert body["set_weights"].shape == (k + 2,)
+
+
+@pytest.mark.parametrize("sampling", ["uniform", "strata"])
+def test_a_client_rebuilds_its_own_padded_set_from_its_upload_and_q(sampling: str) -> None:
+    """P_i = the upload padded by Eq. 8 with the class means, which Q_i holds for the
+    classes i lacks: the rebuilt set is the server's padded row, bit for bit."""
+    c, d, k, n = 6, 8, 2, 7
+    uploads = _uploads(n, c, d)
+    down = _server(c, d, k, sampling).aggregate(1, uploads)
+    protos, mask = stack_uploads(uploads, c, d)
+    _, padded, _ = aggregate_prototypes(protos, mask, tau=0.5)
+    for row, upload in enumerate(uploads):
+        body = down.personal[upload.client_id]
+        own = rebuild_own_set(
+            upload.body["classes"], upload.body["prototypes"], body["q"], body["own_sums"]
+        )
+        assert own is not None
+        np.testing.assert_array_equal(own, padded[row])
+    other = uploads[1].body  # another round's (or client's) upload does not pass the sums
+    assert (
+        rebuild_own_set(other["classes"], other["prototypes"], body["q"], body["own_sums"]) is None
+    )
+
+
+def test_a_client_whose_kept_upload_is_not_the_aggregated_one_leaves_l_c_out() -> None:
+    fed = Federation("fedapa", clients=5, rounds=1, max_peer_sets=2, sampling="uniform").run()
+    client = fed.clients[0]
+    assert isinstance(client, FedAPAClient)
+    assert client.sent is not None
+    c, d = client.ctx.num_classes, client.ctx.embed_dim
+    broadcast = {"available": np.ones(c, np.uint8), "prototypes": np.zeros((3, c, d), np.float32)}
+    personal = {
+        "q": np.zeros((c, d), np.float32),
+        "own_sums": np.full(c, 1e3, np.float32),  # not what this client uploaded
+        "set_weights": np.full(4, 0.25, np.float32),
+    }
+    client.check_downlink(broadcast, personal)
+    client.receive(2, broadcast, personal)
+    assert client.p is None
+    assert client.q is not None
+    client.sent = None  # a restarted client that kept nothing
+    client.receive(3, broadcast, personal)
+    assert client.p is None
+    # a coordinator of before 0.9 sends the own set itself: still taken
+    personal_old = {k: v for k, v in personal.items() if k != "own_sums"}
+    personal_old["own"] = np.zeros((c, d), np.float32)
+    client.check_downlink(broadcast, personal_old)
+    client.receive(4, broadcast, personal_old)
+    assert client.p is not None
+    assert client.p.shape == (4, c, d)
 
 
 def test_a_federation_above_the_bound_trains_on_sampled_sets() -> None:

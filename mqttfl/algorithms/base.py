@@ -76,6 +76,11 @@ class ServerSide(ABC):
         """Published in the round's start message (schedules live on the server)."""
         return {}
 
+    def prepare(self, t: int, upload: Upload) -> None:
+        """An upload of open round ``t`` passed the gate: a method may start its
+        aggregation's work on it here, while the other uploads arrive (default: none)."""
+        return None
+
     @abstractmethod
     def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks: ...
 

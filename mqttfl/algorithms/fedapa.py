@@ -11,26 +11,11 @@ and P_i (Eq. 8), and returns Q_i to client i and the full padded set P to everyo
 L_g aligns embeddings with Q_i (Eq. 9), L_c with every client's P_j (Eq. 10), and λ_t
 follows the cosine warm-up of Eq. 11 (Algorithm 2).
 
-**Bounded downlinks.** Eq. 10's L_c needs P, every client's padded set: N·C·d·4 bytes
-per client-round, N² in all (2.15 MB per client at N=100, C=21, d=256). With more than
-k+1 uploads in a round (k = ``max_peer_sets``), the broadcast instead carries one sample
-S of k+1 padded sets, the same for every client; client i's personal downlink adds its
-own set P_i and the weights of its L_c, an unbiased estimate of Eq. 10's (1/N)·Σ_j. By
-default S is stratified (:mod:`mqttfl.algorithms.peer_sampling`: one set per stratum of
-similar sets, ``strata`` of them, weighted by the stratum's share of i's peers; a client
-that represents its own stratum also gets one more member of it), sent as int8 with a
-scale per set and class, which leaves only the spread within strata to chance (the
-deviation from exact Eq. 10 is measured by benchmarks/bench_fedapa_deviation.py; table in
-BENCHMARKS.md). With ``sampling = "uniform"``, S is k+1 sets drawn uniformly without
-replacement from all N (seeded by run and round), as float32, weighted 1/N for P_i,
-(N-1)/(N·m) for each of the m members of S other than i, 0 for itself if drawn. One shared
-sample rather than one per client because the coordinator then encodes, checkpoints and
-publishes S once and two sets per client (43 MB at N=1000, not 237 MB), and the broker
-fans the broadcast out; each client's estimate is as unbiased as with its own sample.
-Sampling keeps peers the server finds dissimilar in play, as Eq. 10 does; the k most
-similar (Eq. 5) would bias L_c toward sets L_g already pulls toward. With N ≤ k+1, S is
-every set, sent once in the broadcast with no weights, exactly as the paper's Algorithm 1
-(the default 6-client job).
+**Bounded downlinks** (:mod:`mqttfl.algorithms.peer_sampling`). With more than k+1
+uploads (k = ``max_peer_sets``) the broadcast carries a sample S of k+1 padded sets, by
+default one per stratum of similar sets as int8, and client i's personal downlink the
+weights of its L_c: an unbiased estimate of Eq. 10's (1/N)·Σ_j at a bounded size. With
+N ≤ k+1, S is every set with no weights, exactly Algorithm 1 (the default 6-client job).
 
 The two Table IV ablations reuse this module: ``fedapa-global-avg`` replaces Eqs. 5-7
 with one plain mean per class and drops L_c; ``fedapa-global-avg-client-protos`` keeps
@@ -54,19 +39,24 @@ from mqttfl.algorithms.base import (
     Upload,
     expect_array,
 )
+from mqttfl.algorithms.fedapa_fanin import FanIn
 from mqttfl.algorithms.peer_sampling import (
     dequantize_sets,
+    own_set_sums,
     quantize_sets,
+    rebuild_own_set,
+    sample_weights,
     set_strata,
+    shared_sample,
     strata_weights,
     stratified_sample,
 )
+from mqttfl.algorithms.prototype_uploads import class_statistics, prototype_schema, stack_uploads
 from mqttfl.errors import WireError
 from mqttfl.logs import get_logger
-from mqttfl.privacy.mechanism import private_class_prototypes
 from mqttfl.training.lazy import lazy_import
-from mqttfl.training.loops import class_prototypes, embed_all
-from mqttfl.wire.schemas import ArrayField, ClientInfo, PayloadSchema
+from mqttfl.training.loops import embed_all
+from mqttfl.wire.schemas import ClientInfo, PayloadSchema
 
 if TYPE_CHECKING:
     import torch
@@ -179,6 +169,7 @@ def aggregate_prototypes(
     tau: float,
     similarity: bool = True,
     weights: np.ndarray | None = None,
+    personalized: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Algorithm 1, lines 5-11, vectorized over clients and classes.
 
@@ -186,7 +177,8 @@ def aggregate_prototypes(
     i lacks, Eq. 8 sets p_i^c = q_i^c = the mean of p_j^c over the clients j that have c
     (the equation's uniform 1/|J_c| mean). A class nobody has stays zero and unavailable.
     With ``weights`` (N,) (buffered mode's s(τ_j)) both Eq. 7's α and Eq. 8's mean weigh
-    each set by its weight (:mod:`mqttfl.engine.buffered`).
+    each set by its weight (:mod:`mqttfl.engine.buffered`). ``personalized``: Eqs. 5-7's
+    Q already summed while the uploads arrived (:mod:`mqttfl.algorithms.fedapa_fanin`).
     """
     prototypes = prototypes.astype(np.float32, copy=False)
     counts = mask.sum(axis=0)  # (C,)
@@ -197,13 +189,15 @@ def aggregate_prototypes(
         counts = np.where(available, held.sum(axis=0), 1.0)
     class_mean = np.einsum("nc,ncd->cd", held, prototypes)
     class_mean /= np.maximum(counts, 1)[:, None] if weights is None else counts[:, None]
-    if similarity:
+    if personalized is not None:
+        q = personalized
+    elif similarity:
         q = personalized_prototypes(prototypes, mask, tau, weights)
     else:
         q = np.broadcast_to(class_mean, prototypes.shape)
     missing = ~mask[:, :, None]
-    q = np.where(missing, class_mean[None], q).astype(np.float32)
-    padded = np.where(missing, class_mean[None], prototypes).astype(np.float32)
+    q = np.where(missing, class_mean[None], q).astype(np.float32, copy=False)
+    padded = np.where(missing, class_mean[None], prototypes).astype(np.float32, copy=False)
     return q, padded, available
 
 
@@ -239,70 +233,11 @@ def prototype_contrast(
     return (set_weights.to(per_set.dtype) * per_set.mean(dim=1)).sum()
 
 
-def shared_sample(n: int, size: int, *, seed: int, t: int) -> np.ndarray:
-    """The round's sample S: ``size`` of the n sets, uniformly without replacement, sorted
-    (seeded by run and round, so a re-sent downlink is the same)."""
-    rng = np.random.default_rng([seed, t, 10])
-    return np.sort(rng.choice(n, size=size, replace=False))
-
-
-def sample_weights(n: int, sample: np.ndarray, row: int) -> np.ndarray:
-    """Client ``row``'s L_c weights over [its own set, *S]: 1/n for its own, (n-1)/(n·m)
-    for each of the m members of S other than itself, 0 for itself (they sum to 1)."""
-    others = sample != row
-    weights = np.zeros(len(sample) + 1, np.float32)
-    weights[0] = 1.0 / n
-    weights[1:][others] = (n - 1) / (n * int(others.sum()))
-    return weights
-
-
-def class_statistics(
-    client: ClientSide, embeddings: np.ndarray, y: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``client``'s class prototypes of ``embeddings``: exact (FedAPA Eq. 4), or with its
-    run's [privacy] on, :func:`~mqttfl.privacy.mechanism.private_class_prototypes`."""
-    privacy = client.ctx.privacy
-    if privacy is None:
-        return class_prototypes(embeddings, y)
-    return private_class_prototypes(
-        embeddings,
-        y,
-        num_classes=client.ctx.num_classes,
-        clip=privacy.clip,
-        noise_multiplier=privacy.noise_multiplier,
-        rng=client.noise(),
-        count_threshold=privacy.count_threshold,
-    )
-
-
-def prototype_schema(ctx: Context, *, counts: bool = False) -> PayloadSchema:
-    """Per-class prototypes, nothing else; per-class sample counts too with ``counts``
-    (for a server that weights by them, e.g. FedProto's ``proto_weighting="samples"``)."""
-    fields = {
-        "classes": ArrayField("int64", ("k",), 0, ctx.num_classes - 1, unique=True),
-        "prototypes": ArrayField("float32", ("k", ctx.embed_dim)),
-    }
-    if counts:
-        fields["counts"] = ArrayField("int64", ("k",), 1, None)
-    return PayloadSchema(fields, dims={"k": (1, ctx.num_classes)})
-
-
-def stack_uploads(
-    uploads: list[Upload], num_classes: int, dim: int
-) -> tuple[np.ndarray, np.ndarray]:
-    protos = np.zeros((len(uploads), num_classes, dim), np.float32)
-    mask = np.zeros((len(uploads), num_classes), bool)
-    for row, upload in enumerate(uploads):
-        classes = upload.body["classes"]
-        protos[row, classes] = upload.body["prototypes"]
-        mask[row, classes] = True
-    return protos, mask
-
-
 class FedAPAServer(ServerSide):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self.warmup_rounds = warmup_length(ctx.rounds, ctx.params.warmup_rounds)
+        self.fan_in: FanIn | None = None
         if self.warmup_rounds > ctx.rounds:
             get_logger().warning(
                 "fedapa.warmup_exceeds_run",
@@ -318,9 +253,27 @@ class FedAPAServer(ServerSide):
         )
         return {"lambda": lam}
 
+    def prepare(self, t: int, upload: Upload) -> None:
+        """Sum Eqs. 5-7's pairs while round ``t``'s uploads arrive (synchronous rounds)."""
+        p: FedAPAParams = self.ctx.params
+        if p.aggregation != "similarity" or self.upload_weights:
+            return
+        if self.fan_in is None or self.fan_in.t != t:
+            self.fan_in = FanIn(t, self.ctx.num_classes, self.ctx.embed_dim, p.tau)
+        self.fan_in.add(upload.client_id, upload.body)
+
     def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks:
         p: FedAPAParams = self.ctx.params
-        protos, mask = stack_uploads(uploads, self.ctx.num_classes, self.ctx.embed_dim)
+        fan_in, self.fan_in, early = self.fan_in, None, None
+        clients = [u.client_id for u in uploads]
+        if (
+            fan_in
+            and not self.upload_weights
+            and fan_in.covers(t, clients, [u.body for u in uploads])
+        ):
+            early, protos, mask = fan_in.personalized(clients)
+        else:  # another set than arrived (a resumed round, a dropped offender), or weighted
+            protos, mask = stack_uploads(uploads, self.ctx.num_classes, self.ctx.embed_dim)
         stale = [self.upload_weights.get(u.client_id, 1.0) for u in uploads]
         q, padded, available = aggregate_prototypes(
             protos,
@@ -328,6 +281,7 @@ class FedAPAServer(ServerSide):
             tau=p.tau,
             similarity=p.aggregation == "similarity",
             weights=np.asarray(stale) if self.upload_weights else None,
+            personalized=early,
         )
         broadcast: dict[str, Any] = {"available": available.astype(np.uint8)}
         personal: dict[str, dict[str, Any]] = {u.client_id: {} for u in uploads}
@@ -340,18 +294,20 @@ class FedAPAServer(ServerSide):
             broadcast["prototypes_int8"], broadcast["prototypes_scale"] = quantize_sets(
                 padded[reps]
             )
+            sums = own_set_sums(padded)
             for row, upload in enumerate(uploads):
                 weights, extra = strata_weights(labels, reps, alts, row)
-                body = {"own": padded[row], "set_weights": weights}
+                body = {"own_sums": sums[row], "set_weights": weights}
                 if extra is not None:
                     body["extra"] = padded[extra][None]
                 personal[upload.client_id] = body
         elif p.use_client_prototypes:  # bounded: one uniform sample, own set and weights
             sample = shared_sample(n, k + 1, seed=self.ctx.seed, t=t)
             broadcast["prototypes"] = padded[sample]
+            sums = own_set_sums(padded)
             for row, upload in enumerate(uploads):
                 personal[upload.client_id] = {
-                    "own": padded[row],
+                    "own_sums": sums[row],
                     "set_weights": sample_weights(n, sample, row),
                 }
         if p.aggregation == "mean":  # one global set: send it once, not per client
@@ -371,6 +327,7 @@ class FedAPAClient(ClientSide):
         self.p: Tensor | None = None  # (N, C, d) padded P, or (k+2, C, d): P_i and S
         self.p_weights: Tensor | None = None  # (k+2,) their weights, with a sample
         self.available: Tensor | None = None  # (C,) bool
+        self.sent: tuple[np.ndarray, np.ndarray] | None = None  # the last upload, for P_i
 
     @classmethod
     def upload_schema(cls, ctx: Context, info: ClientInfo) -> PayloadSchema:
@@ -398,6 +355,7 @@ class FedAPAClient(ClientSide):
         class means of :func:`class_statistics` (mqttfl/privacy/mechanism.py)."""
         embeddings = embed_all(self.model, self.shard.x_train)
         classes, protos, _ = class_statistics(self, embeddings, self.shard.y_train)
+        self.sent = (classes, protos)
         return self.declared({"classes": classes, "prototypes": protos})
 
     def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
@@ -413,10 +371,11 @@ class FedAPAClient(ClientSide):
         expect_array(broadcast, "global", (c, d))
         mine = personal or {}
         expect_array(mine, "q", (c, d))
-        own = expect_array(mine, "own", (c, d))
+        own = expect_array(mine, "own", (c, d))  # sent in full by coordinators before 0.9
+        sums = expect_array(mine, "own_sums", (c,))
         expect_array(mine, "extra", (None, c, d))
         weights = expect_array(mine, "set_weights", (None,))
-        if (own is None) != (weights is None):
+        if (own is None and sums is None) != (weights is None):
             raise WireError("missing_field", "the own set comes with the sample's weights")
         if weights is not None and (weights < 0).any():
             raise WireError("range", "negative sample weights")
@@ -429,22 +388,33 @@ class FedAPAClient(ClientSide):
         sets = broadcast.get("prototypes")
         if "prototypes_int8" in broadcast:
             sets = dequantize_sets(broadcast["prototypes_int8"], broadcast["prototypes_scale"])
-        if personal is not None and "own" in personal:  # a sample: [P_i, *S, *extra], weighted
-            weights = personal["set_weights"]
-            extra = personal.get("extra", np.zeros((0, *personal["own"].shape), np.float32))
-            if sets is not None and len(weights) == len(sets) + 1 + len(extra):
-                self.p = torch.from_numpy(np.concatenate([personal["own"][None], sets, extra]))
-                self.p_weights = torch.from_numpy(weights)
-            else:
-                get_logger().warning(
-                    "downlink.inconsistent", round=t, reason="sample weights do not fit S"
-                )
-        elif sets is not None:
-            self.p = torch.from_numpy(sets)
         if "global" in broadcast:
             self.q = torch.from_numpy(broadcast["global"])
         elif personal is not None and "q" in personal:
             self.q = torch.from_numpy(personal["q"])
+        if personal is not None and "set_weights" in personal:  # [P_i, *S, *extra], weighted
+            self._receive_sample(t, sets, personal)
+        elif sets is not None:
+            self.p = torch.from_numpy(sets)
+
+    def _receive_sample(self, t: int, sets: np.ndarray | None, personal: dict[str, Any]) -> None:
+        weights = personal["set_weights"]
+        own = personal.get("own")
+        if own is None and self.sent is not None and self.q is not None:
+            own = rebuild_own_set(*self.sent, self.q.numpy(), personal["own_sums"])
+        if own is None:  # a restart or a stale upload: this round's L_c is left out
+            get_logger().warning(
+                "downlink.inconsistent", round=t, reason="the own set is not the upload kept"
+            )
+            return
+        extra = personal.get("extra", np.zeros((0, *own.shape), np.float32))
+        if sets is not None and len(weights) == len(sets) + 1 + len(extra):
+            self.p = torch.from_numpy(np.concatenate([own[None], sets, extra]))
+            self.p_weights = torch.from_numpy(weights)
+        else:
+            get_logger().warning(
+                "downlink.inconsistent", round=t, reason="sample weights do not fit S"
+            )
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -456,12 +426,14 @@ class FedAPAClient(ClientSide):
                 ("available", self.available),
             )
             if value is not None
-        }
+        } | ({"sent_classes": self.sent[0], "sent": self.sent[1]} if self.sent else {})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name in ("q", "p", "p_weights", "available"):
             if name in state:
                 setattr(self, name, torch.from_numpy(np.asarray(state[name])))
+        if "sent" in state and "sent_classes" in state:
+            self.sent = (np.asarray(state["sent_classes"]), np.asarray(state["sent"]))
 
 
 class GlobalAvgParams(FedAPAParams):

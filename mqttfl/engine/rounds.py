@@ -225,6 +225,7 @@ class RoundEngine:
             raise
         self._alive(client)
         self.acked.add(client)
+        self.server.prepare(t, upload)
         return upload
 
     def on_metrics(self, metrics: Metrics) -> MetricsLine | None:

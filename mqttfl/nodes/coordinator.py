@@ -406,16 +406,17 @@ class Coordinator:
     async def publish_downlinks(self, t: int, payloads: DownlinkPayloads) -> None:
         """Publish round ``t``'s downlinks, after its checkpoint. A hook: a subclass may wrap
         it (benchmarks/loadfed.py times it)."""
-        # Pipelined: one broker round trip for all of them, not one per client.
+        # Pipelined: one broker round trip for all of them, not one per client. Only the
+        # newest broadcast stays retained, for late joiners: the broker takes one
+        # connection's messages in order, so round t-1's is cleared after t's is kept.
         await asyncio.gather(
             *(
                 self.bus.publish(self.topics.down(t, client), payload)
                 for client, payload in payloads.personal.items()
             ),
             self.bus.publish(self.topics.down_all(t), payloads.broadcast, retain=True),
+            *([self.bus.publish(self.topics.down_all(t - 1), b"", retain=True)] if t > 1 else []),
         )
-        if t > 1:  # only the newest broadcast stays retained, for late joiners
-            await self.bus.publish(self.topics.down_all(t - 1), b"", retain=True)
 
     async def _synced_checkpoint(self) -> None:
         """Wait for the previous checkpoint's fsync (one at a time; errors surface here)."""

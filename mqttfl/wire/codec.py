@@ -56,9 +56,9 @@ def _pack_array(array: np.ndarray) -> msgpack.ExtType:
     if array.dtype.kind not in "fiub":
         raise WireError("dtype", f"cannot send arrays of dtype {array.dtype}")
     wire = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-    return msgpack.ExtType(
-        ARRAY_EXT, msgpack.packb([wire.dtype.str, list(wire.shape), wire.tobytes()])
-    )
+    # The array's own buffer, not a tobytes() copy: msgpack packs it as bin all the same.
+    data = wire.data.cast("B") if wire.size else b""
+    return msgpack.ExtType(ARRAY_EXT, msgpack.packb([wire.dtype.str, list(wire.shape), data]))
 
 
 def _default(obj: Any) -> Any:
