@@ -125,8 +125,8 @@ def run(quick: bool, methods: list[str] | None = None) -> dict[str, Any]:
             log(f"bytes {method}: failed: {exc}")
             rows.append({"method": method, "error": str(exc)})
             continue
-        comm = result.summary["comm"]
-        up, down = comm["up_bytes_per_client_round"], comm["down_bytes_per_client_round"]
+        comm = result.summary.comm
+        up, down = comm.up_bytes_per_client_round, comm.down_bytes_per_client_round
         row: dict[str, Any] = {
             "method": method,
             "model": arch,

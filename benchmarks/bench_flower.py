@@ -86,9 +86,9 @@ def run_mqttfl(rounds: int, index: int) -> dict[str, Any]:
         "client_bytes": result.proxy["up"] + result.proxy["down"],
         "client_bytes_per_client_round": (result.proxy["up"] + result.proxy["down"])
         / (CLIENTS * rounds),
-        "payload_bytes_per_client_round": result.summary["comm"]["up_bytes_per_client_round"]
-        + result.summary["comm"]["down_bytes_per_client_round"],
-        "mean_accuracy_last5": result.summary["mean"]["accuracy"],
+        "payload_bytes_per_client_round": result.summary.comm.up_bytes_per_client_round
+        + result.summary.comm.down_bytes_per_client_round,
+        "mean_accuracy_last5": result.summary.mean.accuracy,
     }
 
 

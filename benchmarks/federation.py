@@ -18,9 +18,12 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.common import log, read_jsonl
+
+if TYPE_CHECKING:
+    from mqttfl.engine.documents import RunSummary
 
 
 class CountingProxy:
@@ -159,7 +162,7 @@ def _content_bytes(value: Any) -> int:
 @dataclass
 class FederationResult:
     out: Path
-    summary: dict[str, Any]
+    summary: RunSummary
     wall_s: float
     sniffed: list[dict[str, Any]]
     proxy: dict[str, int] | None

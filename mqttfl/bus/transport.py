@@ -56,6 +56,30 @@ def _no_delay(client: aiomqtt.Client) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+class ConnectionLost:
+    """Set when one connection drops. The publishes awaiting its PUBACKs all wait on one
+    future (not a task each: a round's hundred downlinks are a hundred fewer tasks)."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._future: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def future(self) -> asyncio.Future[None]:
+        if self._future is None:
+            self._future = asyncio.get_running_loop().create_future()
+            if self._set:
+                self._future.set_result(None)
+        return self._future
+
+
 @dataclass
 class Incoming:
     """A message as the bus received it (reassembled if it came in chunks). ``error``
@@ -138,7 +162,7 @@ class Bus:
         self.connected = asyncio.Event()
         self.connections = 0
         self._client: aiomqtt.Client | None = None
-        self._lost = asyncio.Event()  # set when the current connection drops
+        self._lost = ConnectionLost()  # set when the current connection drops
         self._log = get_logger(component="bus", broker=str(address))
         self.who = who or identifier
         self.events = events
@@ -241,7 +265,7 @@ class Bus:
                     _no_delay(client)
                     for topic in self.subscriptions:
                         self._check_subscribed(topic, await client.subscribe(topic, qos=1))
-                    lost = asyncio.Event()
+                    lost = ConnectionLost()
                     for topic, payload, retain in self.birth() if self.birth else []:
                         await self._send(
                             client,
@@ -398,10 +422,11 @@ class Bus:
                 raise BrokerError(f"could not publish to {topic}: the bus has stopped")
             if remaining <= 0:
                 raise BrokerError(f"could not publish to {topic} within {timeout:.0f}s")
-            try:  # a short wait at a time: the bus may stop meanwhile
-                await asyncio.wait_for(self.connected.wait(), timeout=min(remaining, 0.5))
-            except TimeoutError:
-                continue
+            if not self.connected.is_set():
+                try:  # a short wait at a time: the bus may stop meanwhile
+                    await asyncio.wait_for(self.connected.wait(), timeout=min(remaining, 0.5))
+                except TimeoutError:
+                    continue
             client, lost = self._client, self._lost
             if client is None:
                 await asyncio.sleep(0.05)
@@ -427,7 +452,7 @@ class Bus:
     async def _send(
         self,
         client: aiomqtt.Client,
-        lost: asyncio.Event,
+        lost: ConnectionLost,
         topic: str,
         payload: bytes,
         *,
@@ -444,13 +469,12 @@ class Bus:
             return True
         acks = self._acks
         acked = acks.setdefault(info.mid, asyncio.get_running_loop().create_future())
-        dropped = asyncio.ensure_future(lost.wait())
+        dropped = lost.future()
         try:
             done, _ = await asyncio.wait(
                 {acked, dropped}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
         finally:
-            dropped.cancel()
             acks.pop(info.mid, None)
         if acked in done:
             reason = acked.result()

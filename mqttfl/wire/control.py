@@ -424,9 +424,10 @@ def check_tree(name: str, value: Any, depth: int = 0) -> None:
         if value.dtype.kind not in "fiub":
             raise WireError("dtype", f"'{name}' has dtype {value.dtype}")
         if value.dtype.kind == "f" and value.size:
-            if not np.isfinite(value).all():
+            peak = float(np.abs(value).max())  # one pass: NaN and Inf carry through max
+            if not math.isfinite(peak):
                 raise WireError("non_finite", f"'{name}' holds NaN or Inf")
-            if float(np.abs(value).max()) > DOWNLINK_VALUE_BOUND:
+            if peak > DOWNLINK_VALUE_BOUND:
                 raise WireError("range", f"'{name}' has values beyond ±{DOWNLINK_VALUE_BOUND:g}")
         return
     if isinstance(value, Mapping):
