@@ -75,13 +75,6 @@ def test_run_end_to_end(tmp_path: Path) -> None:
         e["event"] == "upload.sent" and e["round"] == 1 and e["client_id"] == "1"
         for e in client_events
     )
-    # Round t's downlink is scored after round t+1's upload (off the round's path), the
-    # last round's at once; every round is scored once.
-    order = [(e["event"], e.get("round")) for e in client_events]
-    evaluated = [t for event, t in order if event == "round.evaluated"]
-    assert evaluated == [1, 2, 3]
-    for t in (1, 2):
-        assert order.index(("upload.sent", t + 1)) < order.index(("round.evaluated", t))
 
     assert processes_mentioning(str(out)) == []
 
