@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,13 +38,13 @@ from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.errors import BrokerError, MqttflError, StateError, WireError
 from mqttfl.logs import get_logger
-from mqttfl.nodes.client_eval import Evaluation
-from mqttfl.nodes.client_inbox import PendingDownlink, Received, SentUpload, read_for_client
+from mqttfl.nodes.client_inbox import Received, read_for_client
 from mqttfl.nodes.client_privacy import announced, privacy_allows
 from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path
 from mqttfl.nodes.device import build_client_side, round_rng
 from mqttfl.nodes.run_lease import finished_text
 from mqttfl.training.memory import release, resident_mb
+from mqttfl.training.metrics import classification_report
 from mqttfl.wire import Message, Topics, check_id, encode
 from mqttfl.wire.control import (
     Ack,
@@ -62,6 +63,22 @@ HEAL_INTERVAL_S = 1.0  # at most one re-announcement per second after a forged '
 # Sends of one round's upload at the coordinator's request (its chunks could not be put
 # together); a bound, so that requests cannot make a device send forever.
 MAX_RESENDS_PER_ROUND = 20
+
+
+@dataclass
+class PendingDownlink:
+    broadcast: Downlink | None = None
+    personal: Downlink | None = None
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class SentUpload:
+    round: int
+    announcement: int  # of the start it answered
+    payload: bytes
+    sent: float  # monotonic
+    message: int | None = None  # its chunked message's id (None: it went whole)
 
 
 class ClientRunner:
@@ -103,7 +120,6 @@ class ClientRunner:
         self._uploading = asyncio.Lock()  # one upload on the wire at a time (chunks interleave)
         self._resends: dict[int, int] = {}  # round -> sends asked for by the coordinator
         self.last_loss = 0.0
-        self.deferred: Evaluation | None = None  # a downlink's scoring, after the next training
         self.finish_seen = False
         self.finished = asyncio.Event()
         self.work: asyncio.Queue[Received] = asyncio.Queue()
@@ -264,9 +280,6 @@ class ClientRunner:
         await self._apply_ready()  # the last round's downlinks before the next round's training
         if start is not None:
             await self._on_start(start, received.received)
-        if start is not None or self.finish_seen:  # after the next training, or the last
-            deferred, self.deferred = self.deferred, None
-            await self._evaluate(deferred)
 
     async def _on_start(self, start: RoundStart, received: float) -> None:
         if self.client_id not in start.selected:
@@ -420,30 +433,23 @@ class ClientRunner:
         assert pending.broadcast is not None
         personal = dict(pending.personal.body) if pending.personal is not None else None
         self.method.receive(t, dict(pending.broadcast.body), personal)
+        predicted = await self._off_loop(self.method.predict, self.shard.x_test)
+        report = classification_report(self.shard.y_test, predicted)
+        extra = await self._off_loop(
+            self.method.extra_metrics, self.shard.x_test, self.shard.y_test
+        )
+        release()
+        self.progress.applied_round = t
+        await self.state_file.save(self.model, self.method, self.progress)
         values = {
+            **extra,
+            **report,
+            "num_test": len(self.shard.y_test),
             "bytes_up": self.progress.bytes_up.pop(t, 0),
             "bytes_down": pending.size,
             "selected": t == self.progress.trained_round,
             "train_loss": self.last_loss,
         }
-        evaluation = Evaluation(t, values)
-        self.progress.applied_round = t
-        await self.state_file.save(self.model, self.method, self.progress)
-        sync = self.config.federation.mode != "buffered"
-        if sync and t < self.config.rounds and not self.finish_seen:
-            evaluation.keep(self.model, self.method)  # scored after the next training
-            self.deferred = evaluation
-        else:
-            await self._evaluate(evaluation)
-
-    async def _evaluate(self, evaluation: Evaluation | None) -> None:
-        """Score a downlink (client_eval.py says when) and publish the round's metrics."""
-        if evaluation is None:
-            return
-        t = evaluation.round
-        report, extra = await evaluation.scores(self.model, self.method, self.shard, self._off_loop)
-        release()
-        values = {**extra, **report, "num_test": len(self.shard.y_test), **evaluation.values}
         metrics = Metrics(t, self.client_id, values).encode(self.config.run_id)
         await self.bus.publish(self.topics.metrics(t, self.client_id), metrics)
         rss, peak = resident_mb()
