@@ -1,10 +1,19 @@
-"""Shared fixtures: a real mosquitto on a free loopback port; a cache for Local references."""
+"""Shared fixtures: a real mosquitto on a free loopback port; a cache for Local references.
+
+The suite runs in pytest-xdist workers (``-n 2 --dist loadgroup`` in pyproject.toml's
+addopts; BENCHMARKS.md, "Suite time"): much of its time is spent waiting on real
+processes and brokers, and every test works in its own tmp dir and on its own broker
+port. ``-n 0`` runs it in one process.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -16,6 +25,35 @@ from mqttfl.provisioning.local_broker import LocalBroker
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI") or os.environ.get("MQTTFL_REQUIRE_SHARED_DATA"):
     settings.load_profile("ci")
+
+
+# A module that defines a fixture wider than a test (e.g. a federation trained and exported
+# once for its tests) runs whole on one worker, so that it is built once, as in one process.
+SHARED_FIXTURE = re.compile(r"@pytest\.fixture\(\s*scope=\"(?:module|class|package)\"")
+
+
+@functools.cache
+def _runs_whole(rootpath: Path, module: str) -> bool:
+    path = rootpath / module
+    return path.is_file() and SHARED_FIXTURE.search(path.read_text()) is not None
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``: one test at a time to whichever worker is free, except the
+    modules of :data:`SHARED_FIXTURE`, which go whole. (xdist's own loadgroup reads
+    ``xdist_group`` marks from node ids it rewrites, which pytest 9.2 no longer lets it
+    rewrite: every test would be its own group.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TestsOrWholeModules(LoadScopeScheduling):  # type: ignore[misc]  # xdist: untyped
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if _runs_whole(config.rootpath, module) else nodeid
+
+    return TestsOrWholeModules(config, log)
 
 
 @pytest.fixture
