@@ -8,9 +8,9 @@ row's largest cosine is its own, 1; see :func:`mqttfl.algorithms.fedapa.
 personalized_prototypes`, the same shift). So each arrival adds O(N·C·d) work, the whole
 fan-in the same O(N²·C·d) as one batched product, and closing the round is a division:
 at N=100 (C=21, d=256) that moves two (C, N, N) products off the round's critical path,
-into the seconds over which clients finish training. Arrivals are summed in blocks of
-blocks (one product of the block against every earlier row, as BLAS likes it, not a pass
-over all rows per upload), so a round's close sums at most one block.
+into the seconds over which clients finish training. Arrivals are summed in blocks (one
+product of a block against every earlier row, as BLAS likes it, not a pass over all rows
+per upload), so a round's close sums at most one block.
 
 The result equals the batched product up to float32 rounding (summation order). It is
 used only when the round aggregates exactly the uploads it saw arrive, unweighted
