@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AllowInfNan,
@@ -102,6 +102,23 @@ def _first_error(source: object, exc: ValidationError, what: str) -> DataError:
     first = exc.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or what
     return DataError(source, one_line(f"{where}: {first['msg']}"))
+
+
+D = TypeVar("D", bound=BaseModel)
+
+
+def _validated(
+    model: type[D], data: object, source: object, version: int, what: str, field_text: str
+) -> D:
+    """``data`` as ``model``: a map of a version this code reads, else DataError naming
+    ``source`` and the first thing wrong."""
+    if not isinstance(data, dict):
+        raise DataError(source, f"holds a JSON {type(data).__name__}, not a {what}")
+    known_version(source, data, version, what)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _first_error(source, exc, field_text) from None
 
 
 class _Document(BaseModel):
@@ -222,13 +239,7 @@ class RunSummary(_Document):
 
 def summary_from_map(data: object, source: object) -> RunSummary:
     """A decoded summary.json checked; DataError naming ``source`` and what is wrong."""
-    if not isinstance(data, dict):
-        raise DataError(source, f"holds a JSON {type(data).__name__}, not a run summary")
-    known_version(source, data, SUMMARY_VERSION, "run summary")
-    try:
-        return RunSummary.model_validate(data)
-    except ValidationError as exc:
-        raise _first_error(source, exc, "the summary") from None
+    return _validated(RunSummary, data, source, SUMMARY_VERSION, "run summary", "the summary")
 
 
 def read_summary(path: Path) -> RunSummary:
@@ -479,11 +490,11 @@ def compare_bytes(document: CompareDocument) -> bytes:
 
 def read_compare(path: Path) -> CompareDocument:
     """A compare.json; DataError naming it and the first thing wrong."""
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise DataError(path, f"holds a JSON {type(data).__name__}, not a compare result")
-    known_version(path, data, COMPARE_VERSION, "compare result")
-    try:
-        return CompareDocument.model_validate(data)
-    except ValidationError as exc:
-        raise _first_error(path, exc, "the compare result") from None
+    return _validated(
+        CompareDocument,
+        read_json(path),
+        path,
+        COMPARE_VERSION,
+        "compare result",
+        "the compare result",
+    )
