@@ -10,8 +10,9 @@ Mosquitto on 127.0.0.1:
     a lease nobody answers for by the time its last will would have fired is taken over;
 14. a forged released lease while a coordinator ran let a second coordinator in, and
     both flapped (about 142 reconnects each in 60 s): now the live one restores its lease
-    at once, the second one is refused, and of two that take each other's session over,
-    the later one stops;
+    at once, a released lease is asked about as a live one is (so the second one is
+    refused before it connects), and of two that take each other's session over, the
+    later one stops;
 15. a forged ``site/kitchen = 0`` at 10/s kept client 0 out of every round, silently:
     now only a change counts, a site takes its clients offline at most once every
     SITE_HOLD_S, it is logged, and a client is back as soon as it sends anything.
@@ -197,14 +198,18 @@ def test_a_forged_released_lease_lets_no_second_coordinator_in(
         first.wait_started()
         stop = threading.Event()
 
-        def forge() -> None:  # a released lease, ten times a second
+        # A released lease fifty times a second: past its first burst, the live one may
+        # restore its lease twice a second (its lease budget), so the lease the second one
+        # finds retained is nearly always the forged release, and the probe's answer
+        # comes among forged releases.
+        def forge() -> None:
             released = Lease(False, "forged-host", 1, 1.0).encode()
-            while not stop.wait(0.1):
+            while not stop.wait(0.02):
                 peer.client.publish(LEASE, released, qos=1, retain=True)
 
         forger = threading.Thread(target=forge, daemon=True)
         forger.start()
-        time.sleep(1.0)
+        time.sleep(2.0)
         second = Coordinator(tmp_path, "second", broker)
         code = second.proc.wait(timeout=60)
         stop.set()
@@ -216,7 +221,10 @@ def test_a_forged_released_lease_lets_no_second_coordinator_in(
         time.sleep(2.0)
         assert first.proc.poll() is None  # the first one runs on ...
         assert first.events("lease.restored")  # ... keeps its lease ...
-        assert len(first.events("broker.connected")) <= 5  # ... and does not flap
+        # ... and never lost its session: the second was asked off before it connected
+        # under the coordinator's client id, whichever lease the flood left retained
+        assert len(first.events("broker.connected")) == 1
+        assert not second.events("broker.connected")
         held = read_lease(peer.read_retained(LEASE) or b"")
         assert held.live
         assert held.pid == first.proc.pid

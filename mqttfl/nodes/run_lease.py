@@ -8,7 +8,9 @@ run's retained messages, so the run id starts afresh.
 
 A live lease is a claim, not proof (on an open broker anyone can publish one): the
 holder is asked (:func:`holder_answers`), and a lease nobody answers for by the time the
-holder's last will would have fired (1.5 keep-alives) is taken over, with one line. The
+holder's last will would have fired (1.5 keep-alives) is taken over, with one line. A
+released lease is asked about as well, briefly: on an open broker a forged one could
+otherwise let a second coordinator connect and fight the live one for its session. The
 live coordinator's side is :class:`LeaseGuard`: it answers, restores its lease when
 something else is published there, and of two coordinators that took each other's
 session over, the later one stops.
@@ -40,6 +42,9 @@ from mqttfl.wire.topics import SiteTopic
 T = TypeVar("T")
 LEASE_GRACE_S = 2.0  # past 1.5 keep-alives (when the broker fires a silent holder's will)
 REPROBE_S = 2.0  # ask the holder again this often while waiting
+# A released lease is asked about too (anyone can publish one): a live holder answers
+# within its lease budget (2 a second, engine/budget.py), so this is ample.
+RELEASED_PROBE_S = 1.5
 CONTEST_S = 30.0  # a session lost this recently makes another live lease a real rival
 Verdict = Literal["ignore", "answer", "restore", "yield"]
 
@@ -87,21 +92,25 @@ async def claim_run(
         timeout=timeout,
     )
     lease = _decoded(held.get(topics.lease), read_lease)
-    if lease is not None and lease.live:
-        wait_s = will_window(config)
-        if await holder_answers(config, broker, credentials=credentials, wait_s=wait_s):
+    if lease is not None:  # live or released, a retained lease is a claim: ask its holder
+        wait_s = will_window(config) if lease.live else RELEASED_PROBE_S
+        answer = await holder_answers(
+            config, broker, credentials=credentials, wait_s=wait_s, holder=lease
+        )
+        if answer is not None:
             raise StateError(
-                f"run {run!r} already has a live coordinator ({lease.describe()}) on {broker}: "
+                f"run {run!r} already has a live coordinator ({answer.describe()}) on {broker}: "
                 "a run has one coordinator. Stop that one first (a restarted one resumes "
                 "from its --out), or give this run a new id (--set run_id=NEW)"
             )
-        log.warning(
-            "lease.taken_over",
-            holder=lease.describe(),
-            waited_s=round(wait_s, 1),
-            note="the run's lease said live, but its holder did not answer before its last "
-            "will would have fired: a stale or forged lease, taken over",
-        )
+        if lease.live:
+            log.warning(
+                "lease.taken_over",
+                holder=lease.describe(),
+                waited_s=round(wait_s, 1),
+                note="the run's lease said live, but its holder did not answer before its "
+                "last will would have fired: a stale or forged lease, taken over",
+            )
     status = _decoded(held.get(topics.state), lambda raw: read_run_status(raw, run_id=run))
     finished = status is not None and status.phase == "finished"
     summary = out_dir / "summary.json"
@@ -155,10 +164,13 @@ async def holder_answers(
     *,
     credentials: Credentials | None,
     wait_s: float,
-) -> bool:
-    """Ask the run's live coordinator whether it is there: a probe on the lease topic (not
-    retained), again every :data:`REPROBE_S`. True when a live lease is published in
-    answer; False when a released one is (its last will), or nothing within ``wait_s``."""
+    holder: Lease,
+) -> Lease | None:
+    """Ask whether the run has a live coordinator: a probe on the lease topic (not
+    retained), again every :data:`REPROBE_S`. Returns the live lease published in answer;
+    None when ``holder``'s own released lease arrives (its last will), or nothing within
+    ``wait_s``. Anyone else's released lease is no answer: a flood of forged ones must
+    not pass for the holder's will."""
     topics = Topics(config.run_id)
     token = secrets.token_hex(8)
     question = probe(token)
@@ -172,8 +184,9 @@ async def holder_answers(
         connect_timeout_s=timeout,
         events="lookup",
     )
+    gone = Lease(False, holder.host, holder.pid, holder.since) if holder.live else None
 
-    async def ask() -> bool:
+    async def ask() -> Lease | None:
         await bus.wait_connected(timeout=timeout)
         loop = asyncio.get_running_loop()
         deadline, asked = loop.time() + wait_s, -math.inf
@@ -189,9 +202,11 @@ async def holder_answers(
             if message.retained or message.payload == question:
                 continue
             answer = _decoded(message.payload, read_lease)
-            if answer is not None:
-                return answer.live
-        return False
+            if answer is not None and answer.live:
+                return answer
+            if answer is not None and answer == gone:
+                return None
+        return None
 
     async with asyncio.TaskGroup() as group:
         running = group.create_task(bus.run())
