@@ -4,6 +4,9 @@ The real coordinator runs FedAPA (C=21, d=256) against N = 10, 100, 500 torch-fr
 clients (:mod:`benchmarks.loadfed`). Per round it records when the last upload passed the
 gate, the aggregation, the checkpoint, and when the broker acknowledged the last downlink
 (every personal Q_i and the broadcast P) and then the next round's start message.
+Beside it, the wire's floor (``raw_publish_acked_s``): the same downlinks, precomputed,
+published by a plain aiomqtt client to the same N sessions the moment the last upload
+arrived, with nothing of mqttfl's between (:func:`benchmarks.loadfed.raw_fanout`).
 Goal: at most 20 ms at N=100 (last upload -> downlinks published). It runs with the BLAS
 thread pool at its default (as ``mqttfl coordinator`` does) and again, in a child process,
 with one BLAS thread, because OpenBLAS's busy-waiting threads slow the aggregation down
@@ -21,7 +24,7 @@ import sys
 from typing import Any
 
 from benchmarks.common import REPO, child_process_main, log, stats
-from benchmarks.loadfed import coordinator_under_load
+from benchmarks.loadfed import coordinator_under_load, raw_fanout
 
 SIZES = (10, 100, 500)
 GOAL_S = 0.020  # at N=100
@@ -36,6 +39,7 @@ def measure(quick: bool) -> list[dict[str, Any]]:
         log(f"coordinator overhead: N={n}")
         loaded = coordinator_under_load(n, rounds)
         done = [r for r in loaded["rounds"] if "overhead_downlinks_s" in r]
+        raw = raw_fanout(n, rounds)
         rows.append(
             {
                 "n": n,
@@ -52,6 +56,9 @@ def measure(quick: bool) -> list[dict[str, Any]]:
                     if "last_upload_to_all_downlinks_held_s" in r
                 ),
                 "down_bytes_per_client": stats(r["down_bytes_per_client"] for r in done),
+                # the wire's floor: the same downlinks to the same sessions, published by a
+                # plain aiomqtt client the moment the last upload arrived (loadfed.raw_fanout)
+                "raw_publish_acked_s": stats(r["publish_acked_s"] for r in raw["rounds"]),
                 "rounds": len(done),
                 "rejections": loaded["rejections"],
                 "per_round": loaded["rounds"],

@@ -292,3 +292,134 @@ def raw_fanin(n: int, rounds: int) -> dict[str, Any]:
         if r["round"] in last_seen and r["t_publish"]
     ]
     return {"n": n, "rounds": rows}
+
+
+def _fedapa_downlinks(n: int, rounds: int, run_id: str, ids: list[str]) -> dict[int, Any]:
+    """Each round's encoded downlinks as the coordinator would send them to ``ids``: the real
+    FedAPA server aggregating random prototypes of the load client's shapes (the same
+    sizes, the same broadcast and personal bodies, computed before any timing starts)."""
+    import numpy as np
+
+    from mqttfl.algorithms import get_algorithm, make_context
+    from mqttfl.algorithms.base import Upload
+    from mqttfl.config import load_config
+    from mqttfl.wire.control import encode_downlinks
+    from mqttfl.wire.schemas import ClientInfo
+
+    config = load_config(
+        None,
+        [
+            f"run_id={run_id}",
+            f"rounds={rounds}",
+            f"federation.num_clients={n}",
+            f"model.num_classes={CLASSES}",
+            f"model.embed_dim={DIM}",
+        ],
+    )
+    server = get_algorithm("fedapa").server(make_context(config))
+    rng = np.random.default_rng(0)
+    classes = tuple(range(CLASSES))
+    payloads = {}
+    for t in range(1, rounds + 1):
+        uploads = [
+            Upload(
+                cid,
+                ClientInfo(cid, "tiny", classes, 50, (8,)),
+                {
+                    "classes": np.arange(CLASSES),
+                    "prototypes": rng.standard_normal((CLASSES, DIM)).astype(np.float32),
+                },
+            )
+            for cid in ids
+        ]
+        downlinks = server.aggregate(t, uploads)
+        payloads[t] = encode_downlinks(run_id, t, downlinks.broadcast, downlinks.personal)
+    return payloads
+
+
+@cache
+def raw_fanout(n: int, rounds: int) -> dict[str, Any]:
+    """The wire's floor under the coordinator's turnaround: one plain aiomqtt client (the
+    Bus's inflight window) publishes each round's FedAPA downlinks, precomputed, exactly
+    as :meth:`~mqttfl.nodes.coordinator.Coordinator.publish_downlinks` does (all at once;
+    the broadcast retained, the previous one cleared) to the same N load sessions, the
+    moment the round's last upload has arrived. No decoding, aggregation, encoding or
+    checkpoint: what is left is the broker's work and the reading clients'."""
+    import aiomqtt
+
+    from mqttfl.provisioning.local_broker import LocalBroker
+    from mqttfl.wire import Topics
+    from mqttfl.wire.control import RoundStart, RunStatus
+
+    run_id = f"bench-rawout-{n}"
+    topics = Topics(run_id)
+    base = topics.base
+    work = WORK / f"rawout-{n}"
+    work.mkdir(parents=True, exist_ok=True)
+    overrides = [
+        f"run_id={run_id}",
+        f"rounds={rounds}",
+        f"model.num_classes={CLASSES}",
+        f"model.embed_dim={DIM}",
+    ]
+    ids = [f"load{i:03d}" for i in range(n)]
+    payloads = _fedapa_downlinks(n, rounds, run_id, ids)
+    rows: list[dict[str, Any]] = []
+    with LocalBroker(work / "broker") as broker:
+        load_out = work / "load.json"
+        process = _start_load(broker.url, overrides, n, CLASSES, load_out, work / "load.jsonl")
+        try:
+
+            async def drive() -> None:
+                async with aiomqtt.Client(
+                    "127.0.0.1", broker.port, identifier=f"{run_id}-hub", max_inflight_messages=100
+                ) as hub:
+                    hub.pending_calls_threshold = 2 * n + 10  # a round's downlinks at once
+                    await hub.subscribe(f"{base}/round/+/up/+", qos=1)
+                    await hub.subscribe(f"{base}/status/+", qos=1)
+                    online: set[str] = set()
+                    async with asyncio.timeout(300):
+                        async for message in hub.messages:
+                            if message.payload:
+                                online.add(message.topic.value.rsplit("/", 1)[1])
+                            if len(online) >= n:
+                                break
+                    for t in range(1, rounds + 1):
+                        start = RoundStart(t, tuple(ids), 60.0, {}, announcement=t)
+                        await hub.publish(topics.start(t), start.encode(run_id), qos=1)
+                        arrived = 0
+                        async with asyncio.timeout(120):
+                            async for message in hub.messages:
+                                if message.topic.value.startswith(f"{base}/round/{t}/up/"):
+                                    arrived += 1
+                                    if arrived == n:
+                                        break
+                        last = time.monotonic()
+                        out = payloads[t]
+                        await asyncio.gather(
+                            *(
+                                hub.publish(topics.down(t, c), p, qos=1)
+                                for c, p in out.personal.items()
+                            ),
+                            hub.publish(topics.down_all(t), out.broadcast, qos=1, retain=True),
+                            *(
+                                [hub.publish(topics.down_all(t - 1), b"", qos=1, retain=True)]
+                                if t > 1
+                                else []
+                            ),
+                        )
+                        rows.append({"round": t, "publish_acked_s": time.monotonic() - last})
+                        await asyncio.sleep(0.5)  # the load clients' metrics, as between rounds
+                    finished = RunStatus("finished", rounds).encode(run_id)
+                    await hub.publish(topics.state, finished, qos=1, retain=True)
+
+            asyncio.run(drive())
+            load = _finish(process, load_out, timeout=120)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, 9)
+    held = {r["round"]: r for r in load["rounds"]}
+    for row in rows:
+        record = held.get(row["round"], {})
+        row["complete_downlinks"] = record.get("complete_downlinks")
+    return {"n": n, "rounds": rows}
