@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import MutableMapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,14 @@ from structlog.testing import capture_logs
 
 from mqttfl.config import load_config
 from mqttfl.engine.documents import RunSummary
+from mqttfl.evaluation import reference as reference_module
 from mqttfl.evaluation.pooled import client_shards
 from mqttfl.evaluation.reference import (
     LocalReference,
     local_reference,
     reference_key,
+    reference_processes,
+    train_local_reference,
     with_reference,
 )
 from mqttfl.evaluation.table import format_table
@@ -111,6 +115,32 @@ def test_the_cache_is_hit_for_the_same_federation_and_missed_for_another_seed(
     assert _reference_events(logs)[:2] == ["reference.unreadable", "reference.training"]
     assert retrained.source == "trained"
     assert retrained.clients == first.clients
+
+
+def test_clients_past_the_process_bound_queue_and_score_as_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reference of many clients forks a bounded number of trainers (200 at once once
+    ran the machine out of memory); the clients that wait train in a reused process and
+    score exactly as each does alone (the threads path, one build at a time)."""
+    assert reference_processes(6) == 6  # the default job's clients all train at once
+    assert 8 <= reference_processes(200) < 200
+    config = load_config(CONFIG, [*FAST, "rounds=2", "federation.num_clients=5", "model.name=tiny"])
+    shards = client_shards(config)
+    pools: list[int] = []
+
+    class Recorded(ProcessPoolExecutor):
+        def __init__(self, max_workers: int, **options: Any) -> None:
+            pools.append(max_workers)
+            super().__init__(max_workers, **options)
+
+    monkeypatch.setattr(reference_module, "ProcessPoolExecutor", Recorded)
+    monkeypatch.setattr(reference_module, "reference_processes", lambda clients: 2)
+    queued = train_local_reference(config, shards)
+    alone = train_local_reference(config, shards, workers=5)
+    assert pools == [2]
+    assert set(queued) == {"0", "1", "2", "3", "4"}
+    assert queued == alone
 
 
 def test_the_key_follows_the_data_not_the_method() -> None:

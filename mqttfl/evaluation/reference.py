@@ -279,11 +279,19 @@ def _process_client(index: int) -> list[MetricsLine]:
     return _run_client(plan, plan.ids[index], done)
 
 
+def reference_processes(clients: int) -> int:
+    """How many clients of a Local reference train at once, a forked process each: every
+    one up to twice the cores (at least 8), so the default job's six train side by side as
+    its federation's do; beyond that they queue. A process per client of 200 once held
+    65 GB of summed RSS (each its own activations) and the OOM killer ended the reference."""
+    return min(clients, max(8, 2 * len(os.sched_getaffinity(0))))
+
+
 def _train_in_processes(
     plan: _Plan, progress: Callable[[str, int], None] | None
 ) -> list[MetricsLine]:
-    """A process per client, as the federation has: threads of one process share its
-    GIL, and beside other work the scheduler preempts the one holding it while the others
+    """Processes, as the federation has (at most :func:`reference_processes` at once):
+    threads of one process share its GIL, and beside other work the scheduler preempts the one holding it while the others
     wait (BENCHMARKS.md, "First contact": twice the slowdown of the federation's
     processes). Forked, so the shards are inherited, not copied through a pipe."""
     context = multiprocessing.get_context("fork")
@@ -291,7 +299,7 @@ def _train_in_processes(
     _FORKED.update(plan=plan, counters=counters)
     reported = dict.fromkeys(plan.ids, 0)
     try:
-        with ProcessPoolExecutor(len(plan.ids), mp_context=context) as pool:
+        with ProcessPoolExecutor(reference_processes(len(plan.ids)), mp_context=context) as pool:
             futures = [pool.submit(_process_client, i) for i in range(len(plan.ids))]
             while True:
                 finished, _ = wait(futures, timeout=0.2)
