@@ -221,6 +221,30 @@ def coordinator_under_load(
     }
 
 
+def _raw_overrides(run_id: str, rounds: int) -> list[str]:
+    """The load client's settings when a plain aiomqtt client, not a coordinator, drives it."""
+    return [
+        f"run_id={run_id}",
+        f"rounds={rounds}",
+        f"model.num_classes={CLASSES}",
+        f"model.embed_dim={DIM}",
+    ]
+
+
+async def _all_online(client: Any, base: str, n: int) -> None:
+    """Subscribe a plain aiomqtt ``client`` to the run's uploads and statuses; return once
+    ``n`` load sessions have said they are online."""
+    await client.subscribe(f"{base}/round/+/up/+", qos=1)
+    await client.subscribe(f"{base}/status/+", qos=1)
+    online: set[str] = set()
+    async with asyncio.timeout(300):
+        async for message in client.messages:
+            if message.payload:
+                online.add(message.topic.value.rsplit("/", 1)[1])
+            if len(online) >= n:
+                return
+
+
 @cache
 def raw_fanin(n: int, rounds: int) -> dict[str, Any]:
     """The same load client's uploads into one plain aiomqtt subscriber that only counts
@@ -234,12 +258,7 @@ def raw_fanin(n: int, rounds: int) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     run_id = f"bench-raw-{n}"
     base = f"mqttfl/{run_id}"
-    overrides = [
-        f"run_id={run_id}",
-        f"rounds={rounds}",
-        f"model.num_classes={CLASSES}",
-        f"model.embed_dim={DIM}",
-    ]
+    overrides = _raw_overrides(run_id, rounds)
     ids = [f"load{i:03d}" for i in range(n)]
     with LocalBroker(work / "broker") as broker:
         load_out = work / "load.json"
@@ -251,15 +270,7 @@ def raw_fanin(n: int, rounds: int) -> dict[str, Any]:
                 async with aiomqtt.Client(
                     "127.0.0.1", broker.port, identifier=f"{run_id}-sink", max_inflight_messages=100
                 ) as sink:
-                    await sink.subscribe(f"{base}/round/+/up/+", qos=1)
-                    await sink.subscribe(f"{base}/status/+", qos=1)
-                    online: set[str] = set()
-                    async with asyncio.timeout(300):
-                        async for message in sink.messages:
-                            if message.payload:
-                                online.add(message.topic.value.rsplit("/", 1)[1])
-                            if len(online) >= n:
-                                break
+                    await _all_online(sink, base, n)
                     counts: dict[int, int] = defaultdict(int)
                     for t in range(1, rounds + 1):
                         start = RoundStart(t, tuple(ids), 60.0, {}, announcement=t)
@@ -356,12 +367,7 @@ def raw_fanout(n: int, rounds: int) -> dict[str, Any]:
     base = topics.base
     work = WORK / f"rawout-{n}"
     work.mkdir(parents=True, exist_ok=True)
-    overrides = [
-        f"run_id={run_id}",
-        f"rounds={rounds}",
-        f"model.num_classes={CLASSES}",
-        f"model.embed_dim={DIM}",
-    ]
+    overrides = _raw_overrides(run_id, rounds)
     ids = [f"load{i:03d}" for i in range(n)]
     payloads = _fedapa_downlinks(n, rounds, run_id, ids)
     rows: list[dict[str, Any]] = []
@@ -375,15 +381,7 @@ def raw_fanout(n: int, rounds: int) -> dict[str, Any]:
                     "127.0.0.1", broker.port, identifier=f"{run_id}-hub", max_inflight_messages=100
                 ) as hub:
                     hub.pending_calls_threshold = 2 * n + 10  # a round's downlinks at once
-                    await hub.subscribe(f"{base}/round/+/up/+", qos=1)
-                    await hub.subscribe(f"{base}/status/+", qos=1)
-                    online: set[str] = set()
-                    async with asyncio.timeout(300):
-                        async for message in hub.messages:
-                            if message.payload:
-                                online.add(message.topic.value.rsplit("/", 1)[1])
-                            if len(online) >= n:
-                                break
+                    await _all_online(hub, base, n)
                     for t in range(1, rounds + 1):
                         start = RoundStart(t, tuple(ids), 60.0, {}, announcement=t)
                         await hub.publish(topics.start(t), start.encode(run_id), qos=1)
