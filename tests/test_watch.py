@@ -403,10 +403,11 @@ def test_watch_once_and_piped_against_a_running_federation(
     assert [line for line in lines if re.fullmatch(r"client 2 round 3: accuracy .*", line)]
     assert "rounds closed 3 · rejected messages: none" in lines
     assert not [line for line in lines if line.startswith("rejected")]
-    # The final table: client 1's round-3 metrics (whether its "offline" as the run ends
-    # reached the watcher before the table was drawn is a race of the run's end).
+    # The final table: client 1's round-3 metrics (whether its "offline (exit)" as the run
+    # ends reached the watcher before the table was drawn is a race of the run's end).
     final = "\n".join(lines)
-    assert re.search(r"│ 1 +│ - +│ (online|offline) +│ uploaded +│ +\d\.\d{3} │ .* 3 │", final), (
+    status = r"(online|offline \(exit\))"
+    assert re.search(rf"│ 1 +│ - +│ {status} +│ uploaded +│ +\d\.\d{{3}} │ .* 3 │", final), (
         "\n".join(lines[-12:])
     )
 
