@@ -15,6 +15,9 @@ all processes, so the load process's marks compare directly):
 
 ``raw_fanin`` is the reference without mqttfl: one plain aiomqtt subscriber that only
 counts the uploads (no decoding, no validation), driven by the same load process.
+``raw_fanout`` is the downlinks' reference: the same plain client publishing each round's
+FedAPA downlinks, encoded beforehand, to the same load sessions (the wire's floor under
+the coordinator's turnaround).
 """
 
 from __future__ import annotations

@@ -291,9 +291,10 @@ def _train_in_processes(
     plan: _Plan, progress: Callable[[str, int], None] | None
 ) -> list[MetricsLine]:
     """Processes, as the federation has (at most :func:`reference_processes` at once):
-    threads of one process share its GIL, and beside other work the scheduler preempts the one holding it while the others
-    wait (BENCHMARKS.md, "First contact": twice the slowdown of the federation's
-    processes). Forked, so the shards are inherited, not copied through a pipe."""
+    threads of one process share its GIL, and beside other work the scheduler preempts
+    the one holding it while the others wait (BENCHMARKS.md, "First contact": twice the
+    slowdown of the federation's processes). Forked, so the shards are inherited, not
+    copied through a pipe."""
     context = multiprocessing.get_context("fork")
     counters = context.Array("i", len(plan.ids), lock=False)
     _FORKED.update(plan=plan, counters=counters)
