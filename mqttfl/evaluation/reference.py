@@ -284,7 +284,7 @@ def reference_processes(clients: int) -> int:
     one up to twice the cores (at least 8), so the default job's six train side by side as
     its federation's do; beyond that they queue. A process per client of 200 once held
     65 GB of summed RSS (each its own activations) and the OOM killer ended the reference."""
-    return min(clients, max(8, 2 * len(os.sched_getaffinity(0))))
+    return min(clients, max(8, 2 * (os.cpu_count() or 1)))  # as fleet.default_workers counts
 
 
 def _train_in_processes(

@@ -23,7 +23,6 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,7 +37,7 @@ from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.errors import BrokerError, MqttflError, StateError, WireError
 from mqttfl.logs import get_logger
-from mqttfl.nodes.client_inbox import Received, read_for_client
+from mqttfl.nodes.client_inbox import PendingDownlink, Received, SentUpload, read_for_client
 from mqttfl.nodes.client_privacy import announced, privacy_allows
 from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path
 from mqttfl.nodes.device import build_client_side, round_rng
@@ -63,22 +62,6 @@ HEAL_INTERVAL_S = 1.0  # at most one re-announcement per second after a forged '
 # Sends of one round's upload at the coordinator's request (its chunks could not be put
 # together); a bound, so that requests cannot make a device send forever.
 MAX_RESENDS_PER_ROUND = 20
-
-
-@dataclass
-class PendingDownlink:
-    broadcast: Downlink | None = None
-    personal: Downlink | None = None
-    size: int = 0
-
-
-@dataclass(frozen=True)
-class SentUpload:
-    round: int
-    announcement: int  # of the start it answered
-    payload: bytes
-    sent: float  # monotonic
-    message: int | None = None  # its chunked message's id (None: it went whole)
 
 
 class ClientRunner:

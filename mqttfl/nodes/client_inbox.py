@@ -2,6 +2,8 @@
 
 Decoded and checked by :mod:`mqttfl.wire.control` (and :mod:`mqttfl.wire.resend`), then
 by the method's own downlink check; anything hostile is a WireError with its reason.
+Also what the client holds meanwhile: a round's downlinks until both parts are in, and
+its newest upload (for a re-send).
 """
 
 from __future__ import annotations
@@ -88,3 +90,19 @@ def check_downlink(method: ClientSide, downlink: Downlink, *, personal: bool) ->
         raise
     except Exception as exc:  # the method's check failed on the input: the input is bad
         raise WireError("downlink", f"{type(exc).__name__}: {exc}"[:300]) from None
+
+
+@dataclass
+class PendingDownlink:
+    broadcast: Downlink | None = None
+    personal: Downlink | None = None
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class SentUpload:
+    round: int
+    announcement: int  # of the start it answered
+    payload: bytes
+    sent: float  # monotonic
+    message: int | None = None  # its chunked message's id (None: it went whole)
