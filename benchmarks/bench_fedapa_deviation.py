@@ -28,7 +28,7 @@ from benchmarks.common import RESULTS, machine
 from mqttfl.algorithms.base import Context, Upload
 from mqttfl.algorithms.fedapa import FedAPAParams, FedAPAServer, prototype_contrast
 from mqttfl.algorithms.peer_sampling import dequantize_sets
-from mqttfl.wire.control import encode_downlinks
+from mqttfl.wire.downlinks import encode_downlinks
 from mqttfl.wire.schemas import ClientInfo
 
 C, D, K, CLUSTERS, BATCH, TAU = 21, 64, 8, 4, 32, 0.5

@@ -86,7 +86,7 @@ def round_bytes(method: str, overrides: list[str], n: int) -> dict[str, Any]:
     from mqttfl.algorithms.base import Upload
     from mqttfl.config import load_config
     from mqttfl.wire import Message, encode
-    from mqttfl.wire.control import encode_downlinks
+    from mqttfl.wire.downlinks import encode_downlinks
     from mqttfl.wire.schemas import ClientInfo
 
     config = load_config(

@@ -81,7 +81,7 @@ def _finish(process: subprocess.Popen[bytes], out: Path, timeout: float) -> dict
 
 def _make_timed_coordinator(config: Any, broker: Any, out_dir: Path) -> Any:
     from mqttfl.nodes.coordinator import Coordinator
-    from mqttfl.wire.control import DownlinkPayloads
+    from mqttfl.wire.downlinks import DownlinkPayloads
 
     class TimedCoordinator(Coordinator):
         def __init__(self) -> None:
@@ -317,7 +317,7 @@ def _fedapa_downlinks(n: int, rounds: int, run_id: str, ids: list[str]) -> dict[
     from mqttfl.algorithms import get_algorithm, make_context
     from mqttfl.algorithms.base import Upload
     from mqttfl.config import load_config
-    from mqttfl.wire.control import encode_downlinks
+    from mqttfl.wire.downlinks import encode_downlinks
     from mqttfl.wire.schemas import ClientInfo
 
     config = load_config(

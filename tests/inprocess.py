@@ -31,11 +31,11 @@ from mqttfl.wire.control import (
     Offline,
     Online,
     read_ack,
-    read_downlink,
     read_metrics,
     read_start,
     read_status,
 )
+from mqttfl.wire.downlinks import read_downlink
 from mqttfl.wire.schemas import ClientInfo
 
 RUN = "r"

@@ -20,7 +20,8 @@ from mqttfl.errors import ConfigError, RejectedUpload
 from mqttfl.testing.clocked import ClockedFederation, FakeClock
 from mqttfl.wire import Message, encode
 from mqttfl.wire.codec import pack_data, unpack_data
-from mqttfl.wire.control import Online, read_downlink, read_status
+from mqttfl.wire.control import Online, read_status
+from mqttfl.wire.downlinks import read_downlink
 from mqttfl.wire.schemas import ClientInfo
 from tests.inprocess import toy_shard
 

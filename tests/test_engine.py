@@ -15,7 +15,8 @@ from mqttfl.engine.rounds import RECONNECT_GRACE_S, WILL_SETTLE_S, Announce, Clo
 from mqttfl.engine.state import RunState
 from mqttfl.errors import RejectedUpload, RunAborted, WireError
 from mqttfl.wire.codec import pack_data, unpack_data
-from mqttfl.wire.control import Metrics, read_downlink
+from mqttfl.wire.control import Metrics
+from mqttfl.wire.downlinks import read_downlink
 from tests.inprocess import RUN, Federation
 
 

@@ -29,7 +29,7 @@ from mqttfl.algorithms.peer_sampling import (
     strata_weights,
 )
 from mqttfl.algorithms.prototype_uploads import stack_uploads
-from mqttfl.wire.control import encode_downlinks
+from mqttfl.wire.downlinks import encode_downlinks
 from mqttfl.wire.schemas import ClientInfo
 from tests.inprocess import Federation
 

@@ -13,7 +13,7 @@ from torch import nn
 from mqttfl.adaptation.refine import refine_prototypes
 from mqttfl.algorithms.fedapa_session import renormalize
 from mqttfl.training.loops import predict_logits
-from mqttfl.wire.control import read_downlink
+from mqttfl.wire.downlinks import read_downlink
 from tests.inprocess import NUM_CLASSES, Federation
 
 

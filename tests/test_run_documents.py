@@ -29,7 +29,8 @@ from mqttfl.engine.journal import Journal
 from mqttfl.engine.state import RunState, run_summary
 from mqttfl.errors import DataError, StateError
 from mqttfl.wire.codec import pack_data, unpack_data
-from mqttfl.wire.control import DownlinkPayloads, Metrics
+from mqttfl.wire.control import Metrics
+from mqttfl.wire.downlinks import DownlinkPayloads
 
 CONFIG = load_config("configs/fedapa-csi.toml", ["rounds=3", "federation.num_clients=2"])
 

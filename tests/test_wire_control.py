@@ -22,14 +22,13 @@ from mqttfl.wire.control import (
     Online,
     RoundStart,
     RunStatus,
-    encode_downlinks,
     read_ack,
-    read_downlink,
     read_metrics,
     read_run_status,
     read_start,
     read_status,
 )
+from mqttfl.wire.downlinks import encode_downlinks, read_downlink
 from mqttfl.wire.schemas import ClientInfo
 from mqttfl.wire.topics import (
     MAX_ROUND,

@@ -65,7 +65,8 @@ from mqttfl.engine.rounds import Action, Clock, Close, Keep, Phase, RoundEngine
 from mqttfl.engine.state import RunState
 from mqttfl.errors import DataError, RejectedUpload, WireError
 from mqttfl.wire import Topics
-from mqttfl.wire.control import encode_downlinks, read_envelope
+from mqttfl.wire.control import read_envelope
+from mqttfl.wire.downlinks import encode_downlinks
 from mqttfl.wire.ids import client_order
 from mqttfl.wire.schemas import ClientInfo
 

@@ -350,6 +350,7 @@ class Checkpoint(_Document):
     clients: list[str] = []
     uploads: dict[str, Annotated[StrictInt, Field(ge=0, le=2**62)]] = {}
     buffered: dict[str, Any] = {}  # buffered mode: the buffer, sets and versions
+    instance: Annotated[str, Field(pattern="^[0-9a-f]{0,32}$")] = ""  # "": a new one on resume
 
     def to_map(self) -> dict[str, Any]:
         """The map checkpoint.msgpack holds (``buffered`` only when there is one)."""
@@ -371,6 +372,7 @@ class Checkpoint(_Document):
             "clients": self.clients,
             "uploads": self.uploads,
             **({"buffered": self.buffered} if self.buffered else {}),
+            **({"instance": self.instance} if self.instance else {}),
         }
 
 

@@ -37,17 +37,8 @@ from mqttfl.errors import RejectedUpload, RunAborted, WireError
 from mqttfl.logs import get_logger
 from mqttfl.wire import Topics
 from mqttfl.wire.chunks import framed_size, payload_budget
-from mqttfl.wire.control import (
-    Ack,
-    DownlinkPayloads,
-    Metrics,
-    Offline,
-    Online,
-    RoundStart,
-    RunStatus,
-    Status,
-    encode_downlinks,
-)
+from mqttfl.wire.control import Ack, Metrics, Offline, Online, RoundStart, RunStatus, Status
+from mqttfl.wire.downlinks import DownlinkPayloads, encode_downlinks
 from mqttfl.wire.ids import client_order
 from mqttfl.wire.schemas import ClientInfo
 
@@ -418,6 +409,7 @@ class RoundEngine:
             attempt=attempt,
             uploaded=tuple(sorted(self.gate.accepted, key=client_order)),
             announcement=self.announcement,
+            instance=self.state.instance,
         )
         self.log.info(
             "round.started",
@@ -426,7 +418,7 @@ class RoundEngine:
             attempt=attempt,
             deadline_s=self.fed.round_timeout_s,
         )
-        return Announce(start, RunStatus("open", t, start))
+        return Announce(start, RunStatus("open", t, start, instance=self.state.instance))
 
     def _round_done(self, now: float) -> bool:
         if self.broker_down:

@@ -3,6 +3,7 @@ place; and :func:`check_resume`, where a restarted coordinator goes on from."""
 
 from __future__ import annotations
 
+import secrets
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from mqttfl.engine.journal import Journal, mean_over_clients, read_checkpoint, s
 from mqttfl.errors import DataError, StateError
 from mqttfl.files import JsonLines, one_line, set_aside, set_aside_tail
 from mqttfl.privacy.accountant import privacy_summary
-from mqttfl.wire.control import DownlinkPayloads
+from mqttfl.wire.downlinks import DownlinkPayloads
 from mqttfl.wire.ids import client_order
 
 if TYPE_CHECKING:
@@ -39,6 +40,11 @@ __all__ = [
     "client_order",
     "run_summary",
 ]
+
+
+def new_instance() -> str:
+    """A run instance id: a run started afresh under a run id used before is not that run."""
+    return secrets.token_hex(8)
 
 
 def _comm() -> dict[str, int]:
@@ -62,6 +68,9 @@ class RunState:
     uploads: Counter[str] = field(default_factory=Counter)  # accepted, per client
     # federation.mode = "buffered": the buffer, latest sets and versions (engine/buffered.py)
     buffered: dict[str, Any] = field(default_factory=dict)
+    # This run of the run id: made when it starts afresh, kept across resumes, published
+    # with every start and run state (a device's state of another instance starts fresh).
+    instance: str = field(default_factory=new_instance)
 
     def to_dict(self, config: RunConfig) -> dict[str, Any]:
         """checkpoint.msgpack's map (:class:`~mqttfl.engine.documents.Checkpoint`)."""
@@ -84,6 +93,7 @@ class RunState:
             clients=sorted(self.clients, key=client_order),
             uploads=dict(self.uploads),
             buffered=self.buffered,
+            instance=self.instance,
         ).to_map()
 
     @classmethod
@@ -110,6 +120,7 @@ class RunState:
             clients=list(saved.clients),
             uploads=Counter(saved.uploads),
             buffered=dict(saved.buffered),
+            instance=saved.instance or new_instance(),
         )
 
 

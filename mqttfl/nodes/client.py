@@ -37,31 +37,23 @@ from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.errors import BrokerError, MqttflError, StateError, WireError
 from mqttfl.logs import get_logger
-from mqttfl.nodes.client_inbox import PendingDownlink, Received, SentUpload, read_for_client
+from mqttfl.nodes.client_inbox import PendingDownlink, Received, read_for_client
 from mqttfl.nodes.client_privacy import announced, privacy_allows
+from mqttfl.nodes.client_rounds import decline_reason, instance_verdict
 from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path
+from mqttfl.nodes.client_uploads import Uploads
 from mqttfl.nodes.device import build_client_side, round_rng
 from mqttfl.nodes.run_lease import finished_text
 from mqttfl.training.memory import release, resident_mb
 from mqttfl.training.metrics import classification_report
 from mqttfl.wire import Message, Topics, check_id, encode
-from mqttfl.wire.control import (
-    Ack,
-    Downlink,
-    Metrics,
-    Offline,
-    Online,
-    RoundStart,
-    RunStatus,
-)
+from mqttfl.wire.control import Ack, Metrics, Offline, Online, RoundStart, RunStatus
+from mqttfl.wire.downlinks import Downlink
 from mqttfl.wire.resend import Resend
 
 T = TypeVar("T")
 
 HEAL_INTERVAL_S = 1.0  # at most one re-announcement per second after a forged 'offline'
-# Sends of one round's upload at the coordinator's request (its chunks could not be put
-# together); a bound, so that requests cannot make a device send forever.
-MAX_RESENDS_PER_ROUND = 20
 
 
 class ClientRunner:
@@ -99,9 +91,8 @@ class ClientRunner:
         self.closed_round = 0
         self.training_round = self.newest_start = 0  # newest: the newest start selecting us
         self.refused_round = 0  # trained, but its upload failed the schema: not retrained
-        self.last_upload: SentUpload | None = None
-        self._uploading = asyncio.Lock()  # one upload on the wire at a time (chunks interleave)
-        self._resends: dict[int, int] = {}  # round -> sends asked for by the coordinator
+        self.next_instance = ""  # the run's instance, when the state is of another one
+        self.joined = ""  # the run instance we take part in, once the run named it
         self.last_loss = 0.0
         self.finish_seen = False
         self.finished = asyncio.Event()
@@ -143,6 +134,7 @@ class ClientRunner:
             max_message_bytes=config.broker.max_message_bytes,
             who=f"client {client_id!r}",
         )
+        self.uploads = Uploads(self.bus, self.topics, self.client_id, self.log)
         self.broker = broker
         self.state_seen = False  # the run's state, the first time: a finished run is not ours
 
@@ -191,8 +183,15 @@ class ClientRunner:
             return
         self.newest_start = max(self.newest_start, start.round)
         self._acked.add(key)
-        ack = Ack(start.round, self.client_id, start.announcement).encode(self.config.run_id)
-        self._spawn(self.bus.publish(self.topics.ack(start.round, self.client_id), ack, timeout=30))
+        refused = 0 if self.next_instance else self.refused_round
+        reason = decline_reason(
+            start, self.client_id, self._now(), refused_round=refused, privacy=self.ctx.privacy
+        )
+        if reason:  # a start we will not act on: the round need not wait for us
+            self.log.info("round.declined", round=start.round, reason=reason)
+        ack = Ack(start.round, self.client_id, start.announcement, reason)
+        topic = self.topics.ack(start.round, self.client_id)
+        self._spawn(self.bus.publish(topic, ack.encode(self.config.run_id), timeout=30))
 
     async def _reader(self) -> None:
         while True:
@@ -212,6 +211,8 @@ class ClientRunner:
             if received is None:
                 continue
             message = received.message
+            if isinstance(message, RunStatus | RoundStart):
+                self._see_instance(message.instance)
             if isinstance(message, RunStatus):
                 self._check_not_finished_before(message)
             if isinstance(message, RunStatus) and message.start is not None:
@@ -219,15 +220,31 @@ class ClientRunner:
             if isinstance(message, RoundStart):
                 self._acknowledge(message)
             if isinstance(message, Resend):
-                self._spawn(self._resend_asked(message))
+                self._spawn(self.uploads.resend_asked(message, self.closed_round))
                 continue
             self.work.put_nowait(received)
+
+    def _see_instance(self, instance: str) -> None:
+        """The run names its instance: a state of another one is set aside before the
+        worker acts on anything more (:meth:`_start_afresh`)."""
+        if not instance or instance in (self.joined, self.next_instance):
+            return
+        verdict = instance_verdict(self.progress, instance)
+        if verdict == "start_afresh":
+            self.next_instance = instance
+            return
+        self.progress.instance = self.joined = instance
+        self.log.info("run.joined", instance=instance, resumed=verdict == "same")
+
+    def _now(self) -> Progress:
+        """Our progress as the worker will see it: nothing yet once a new instance is due."""
+        return Progress(instance=self.next_instance) if self.next_instance else self.progress
 
     def _check_not_finished_before(self, status: RunStatus) -> None:
         """The first state we see says the run finished without us: its id was used
         before (a silent exit 0 would look like success)."""
         first, self.state_seen = not self.state_seen, True
-        if first and status.phase == "finished" and self.progress.applied_round < status.round:
+        if first and status.phase == "finished" and self._now().applied_round < status.round:
             raise StateError(finished_text(self.config.run_id, status, self.broker))
 
     # --- acting --------------------------------------------------------------------------
@@ -249,6 +266,8 @@ class ClientRunner:
     async def _act(self, received: Received) -> None:
         message = received.message
         assert not isinstance(message, Resend)  # handled by the reader
+        if self.next_instance:
+            await self._start_afresh()
         if isinstance(message, Downlink):
             await self._on_downlink(message, received)
             return
@@ -267,19 +286,42 @@ class ClientRunner:
     async def _on_start(self, start: RoundStart, received: float) -> None:
         if self.client_id not in start.selected:
             return
-        if self._should_resend(start, received):
-            await self._resend(start, received)
+        if self.uploads.should_resend(start, received, self.progress.trained_round):
+            await self.uploads.resend(
+                start, received, functools.partial(self._upload_of, start.round)
+            )
         await self._train_round(start, received)
 
-    def _should_resend(self, start: RoundStart, received: float) -> bool:
-        """Round t announced anew (a restarted coordinator, a retry) without our upload,
-        which we had sent before this start arrived (so the two did not cross on the wire)."""
-        if start.round != self.progress.trained_round or self.client_id in start.uploaded:
-            return False
-        last = self.last_upload
-        if last is None or last.round != start.round:
-            return True  # sent in an earlier life of this process
-        return last.announcement != start.announcement and last.sent < received
+    async def _decline(self, start: RoundStart, reason: str) -> None:
+        """Tell the coordinator that we will not upload round t, so that the round does not
+        wait for us to its deadline."""
+        notice = Ack(start.round, self.client_id, start.announcement, reason)
+        topic = self.topics.ack(start.round, self.client_id)
+        await self.bus.publish(topic, notice.encode(self.config.run_id), timeout=30)
+
+    async def _upload_of(self, t: int) -> bytes:
+        """Round t's upload made anew (restarted since: the model on disk is t's)."""
+        body = await self._off_loop(self.method.make_upload, t)
+        self.schema.validate(body)
+        return encode(Message("upload", self.config.run_id, t, self.client_id, body))
+
+    async def _start_afresh(self) -> None:
+        """Our state is of another instance of this run id: set it aside, train afresh."""
+        instance, self.next_instance = self.next_instance, ""
+        held = self.progress.instance or "none recorded"
+        await self.state_file.start_afresh(
+            self.model,
+            self.method,
+            self.progress,
+            f"it holds round {self.progress.trained_round} of instance {held} of run "
+            f"{self.config.run_id!r}, which was started again as instance {instance}",
+        )
+        self.progress.bytes_up.clear()
+        self.progress.instance = self.joined = instance
+        self.log.info("run.joined", instance=instance, resumed=False)
+        self.pending.clear()
+        self.closed_round = self.refused_round = 0
+        self.uploads.forget()
 
     async def _train_round(self, start: RoundStart, received: float) -> None:
         t = start.round
@@ -290,6 +332,7 @@ class ClientRunner:
         log = self.log.bind(round=t)
         if time.monotonic() > received + start.timeout_s:
             log.warning("round.skipped", reason="deadline already passed")
+            await self._decline(start, "deadline_passed")
             return
         if not await privacy_allows(self, t):  # its budget is spent: it leaves the run
             return
@@ -319,15 +362,10 @@ class ClientRunner:
                 detail=exc.detail,
                 train_loss=round(float(loss), 4),
             )
-            # Tell the coordinator, so that the round does not wait for us to its deadline.
-            notice = Ack(t, self.client_id, start.announcement, exc.reason[:64] or "refused")
-            topic = self.topics.ack(t, self.client_id)
-            await self.bus.publish(topic, notice.encode(self.config.run_id), timeout=30)
+            await self._decline(start, exc.reason[:64] or "refused")
             return
         payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
-        async with self._uploading:
-            sent = await self.bus.publish(self.topics.up(t, self.client_id), payload)
-            self.last_upload = SentUpload(t, start.announcement, payload, time.monotonic(), sent)
+        await self.uploads.send(t, start.announcement, payload)
         self.progress.trained_round = t
         self.progress.bytes_up[t] = len(payload)
         self.last_loss = float(loss)
@@ -340,47 +378,6 @@ class ClientRunner:
             seconds=round(time.monotonic() - began, 3),
             rss_mb=rss,
             peak_rss_mb=peak,
-        )
-
-    async def _resend(self, start: RoundStart, received: float) -> None:
-        """Round t was announced again without our upload (the coordinator restarted, or
-        the upload was lost while the broker restarted): send the same upload again."""
-        t = start.round
-        if time.monotonic() > received + start.timeout_s:
-            return
-        last = self.last_upload
-        payload = last.payload if last is not None and last.round == t else None
-        if payload is None:  # restarted since: the model on disk is the one trained for t
-            body = await self._off_loop(self.method.make_upload, t)
-            self.schema.validate(body)
-            payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
-        async with self._uploading:
-            sent = await self.bus.publish(self.topics.up(t, self.client_id), payload)
-            self.last_upload = SentUpload(t, start.announcement, payload, time.monotonic(), sent)
-        self.log.info("upload.resent", round=t, bytes=len(payload), attempt=start.attempt)
-
-    async def _resend_asked(self, resend: Resend) -> None:
-        """The coordinator could not put our newest upload of round t together: send it
-        again (after any send of ours still in progress), while round t is open. A request
-        about an older send (or chunks that were never ours) is answered by the newer one."""
-        t = resend.round
-        async with self._uploading:
-            last = self.last_upload
-            if last is None or last.round != t or t <= self.closed_round:
-                return  # nothing of ours for that round, or it is over
-            if last.message != resend.message:
-                return
-            sent = self._resends.get(t, 0)
-            if sent >= MAX_RESENDS_PER_ROUND:
-                self.log.warning("upload.resend_refused", round=t, reason=resend.reason)
-                return
-            self._resends[t] = sent + 1
-            message = await self.bus.publish(self.topics.up(t, self.client_id), last.payload)
-            self.last_upload = SentUpload(
-                t, last.announcement, last.payload, time.monotonic(), message
-            )
-        self.log.info(
-            "upload.resent", round=t, bytes=len(last.payload), reason=resend.reason, asked=sent + 1
         )
 
     async def _on_downlink(self, downlink: Downlink, received: Received) -> None:

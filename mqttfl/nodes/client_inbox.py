@@ -2,8 +2,7 @@
 
 Decoded and checked by :mod:`mqttfl.wire.control` (and :mod:`mqttfl.wire.resend`), then
 by the method's own downlink check; anything hostile is a WireError with its reason.
-Also what the client holds meanwhile: a round's downlinks until both parts are in, and
-its newest upload (for a re-send).
+Also what the client holds meanwhile: a round's downlinks until both parts are in.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from mqttfl.config import RunConfig
 from mqttfl.errors import WireError
 from mqttfl.wire import Topics
 from mqttfl.wire.control import (
-    Downlink,
     Offline,
     RoundStart,
     RunStatus,
@@ -24,6 +22,7 @@ from mqttfl.wire.control import (
     read_start,
     read_status,
 )
+from mqttfl.wire.downlinks import Downlink
 from mqttfl.wire.resend import Resend, read_downlink_or_resend
 from mqttfl.wire.topics import DownTopic, StartTopic, StateTopic, StatusTopic
 
@@ -97,12 +96,3 @@ class PendingDownlink:
     broadcast: Downlink | None = None
     personal: Downlink | None = None
     size: int = 0
-
-
-@dataclass(frozen=True)
-class SentUpload:
-    round: int
-    announcement: int  # of the start it answered
-    payload: bytes
-    sent: float  # monotonic
-    message: int | None = None  # its chunked message's id (None: it went whole)

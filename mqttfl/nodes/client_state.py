@@ -7,6 +7,10 @@ after the other or at once, each with its own state; and it records its :class:`
 A state whose owner is not this run's, or that cannot be read or loaded, is set aside
 (renamed ``*.discarded``) with one ``state.discarded`` log line, and the client starts
 fresh: it never crashes on an old file and never skips a round that it has not trained.
+A state also records the run *instance* it trained for (the coordinator's id for one run
+of a run id, :mod:`mqttfl.nodes.client_rounds`): a state resumed from another instance of
+the same run id (the run id started again) is set aside the same way once the run says
+which instance it is, before the client acknowledges anything.
 A reader of a finished run (``mqttfl export``) loads it with
 :meth:`StateFile.load_read_only` instead: the file stays as it is, and what cannot be
 used is one DataError.
@@ -47,6 +51,7 @@ class Progress:
     applied_round: int = 0
     bytes_up: dict[int, int] = field(default_factory=dict)
     uploads: int = 0  # uploads charged to the privacy budget (mqttfl/nodes/client_privacy.py)
+    instance: str = ""  # the run instance trained for ("": none seen yet)
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,7 @@ class StateFile:
         self.owner = owner
         self.log = log if log is not None else get_logger()
         self._writing: asyncio.Task[None] | None = None
+        self.fresh: dict[str, Any] | None = None  # the state before load()
 
     def read(self) -> dict[str, Any]:
         """The file's state, never changing the file; DataError naming it and what is
@@ -130,7 +136,9 @@ class StateFile:
         return state
 
     def load(self, model: torch.nn.Module, method: ClientSide, progress: Progress) -> bool:
-        """Resume from the file if it is this run's; set it aside (and start fresh) if not."""
+        """Resume from the file if it is this run's; set it aside (and start fresh) if not.
+        Keeps the state from before (:attr:`fresh`) for :meth:`start_afresh`."""
+        self.fresh = fresh = self.snapshot(model, method, progress)
         if not self.path.exists():
             return False
         try:
@@ -143,7 +151,6 @@ class StateFile:
             if reason is not None:
                 self._discard(reason)
                 return False
-        fresh = self.snapshot(model, method, progress)
         try:
             self.restore(state, model, method, progress)
         except Exception as exc:  # e.g. a size mismatch: put the fresh state back
@@ -151,6 +158,17 @@ class StateFile:
             self._discard(f"does not load: {type(exc).__name__}: {exc}"[:300])
             return False
         return True
+
+    async def start_afresh(
+        self, model: torch.nn.Module, method: ClientSide, progress: Progress, reason: str
+    ) -> None:
+        """The state is not this run's after all (another instance of its run id): set the
+        file aside and put back the state from before :meth:`load`."""
+        assert self.fresh is not None, "load() keeps the state to start afresh from"
+        await self.written()
+        if self.path.exists():
+            self._discard(reason)
+        self.restore(self.fresh, model, method, progress)
 
     def load_read_only(
         self,
@@ -192,6 +210,7 @@ class StateFile:
         progress.trained_round = int(state["trained_round"])
         progress.applied_round = int(state["applied_round"])
         progress.uploads = int(state.get("uploads", 0))
+        progress.instance = str(state.get("instance", ""))
 
     @staticmethod
     def snapshot(model: torch.nn.Module, method: ClientSide, progress: Progress) -> dict[str, Any]:
@@ -204,6 +223,7 @@ class StateFile:
             "trained_round": progress.trained_round,
             "applied_round": progress.applied_round,
             "uploads": progress.uploads,
+            "instance": progress.instance,
         }
 
     def _write(self, snapshot: dict[str, Any]) -> None:

@@ -36,14 +36,8 @@ from mqttfl.logs import get_logger
 from mqttfl.nodes.run_lease import LeaseGuard, my_lease
 from mqttfl.nodes.screen import LEASE, Screen
 from mqttfl.wire import Topics
-from mqttfl.wire.control import (
-    DownlinkPayloads,
-    RunStatus,
-    read_ack,
-    read_metrics,
-    read_site_notice,
-    read_status,
-)
+from mqttfl.wire.control import RunStatus, read_ack, read_metrics, read_site_notice, read_status
+from mqttfl.wire.downlinks import DownlinkPayloads
 from mqttfl.wire.lease import Lease
 from mqttfl.wire.resend import RESEND_REASONS, Resend
 from mqttfl.wire.topics import (
@@ -275,7 +269,11 @@ class Coordinator:
                 self._status = status
             if self._status is None:
                 return
-            self._status = replace(self._status, throttled=self.screen.throttled())
+            self._status = replace(
+                self._status,
+                throttled=self.screen.throttled(),
+                instance=self.engine.state.instance,
+            )
             payload = self._status.encode(self.config.run_id)
             await self.bus.publish(self.topics.state, payload, retain=True)
 

@@ -43,11 +43,11 @@ from mqttfl.wire.control import (
     Online,
     RoundStart,
     read_ack,
-    read_downlink,
     read_metrics,
     read_start,
     read_status,
 )
+from mqttfl.wire.downlinks import read_downlink
 
 
 class FakeClock:

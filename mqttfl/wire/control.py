@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
-
-import numpy as np
 
 from mqttfl.errors import WireError
 from mqttfl.wire.codec import Message, decode, encode
-from mqttfl.wire.ids import BROADCAST, check_id
+from mqttfl.wire.ids import check_id
 from mqttfl.wire.schemas import ClientInfo
 from mqttfl.wire.topics import MAX_ROUND
 
@@ -35,11 +33,9 @@ MAX_UNIX_TIME = 1e11  # year 5138
 MAX_PARAMS = 64  # round parameters and extra metrics: small maps of named numbers
 MAX_KEY_CHARS = 64
 MAX_REASON_CHARS = 200
-# Downlinks: every array value of every method stays far inside this (weights and
-# prototypes are O(1-10)); a larger one is forged or diverged, and never reaches a model.
-DOWNLINK_VALUE_BOUND = 1e6
-MAX_DOWNLINK_DEPTH = 3
 RunPhase = Literal["waiting", "open", "closed", "finished"]
+INSTANCE_CHARS = frozenset("0123456789abcdef")
+MAX_INSTANCE_CHARS = 32
 _PHASES = ("waiting", "open", "closed", "finished")
 
 Number = int | float | bool
@@ -49,9 +45,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _finite_number(
-    name: str, value: Any, *, low: float = -math.inf, high: float = math.inf
-) -> None:
+def finite_number(name: str, value: Any, *, low: float = -math.inf, high: float = math.inf) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise WireError("type", f"'{name}' must be a number, got {type(value).__name__}")
     if not math.isfinite(value):
@@ -66,7 +60,7 @@ def round_number(value: Any, *, low: int = 0) -> int:
     return int(value)
 
 
-def _client_ids(name: str, value: Any) -> tuple[str, ...]:
+def client_ids(name: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list | tuple) or len(value) > MAX_CLIENTS:
         raise WireError("type", f"'{name}' must be a list of at most {MAX_CLIENTS} client ids")
     for item in value:
@@ -86,8 +80,15 @@ def _named_numbers(name: str, value: Any, *, bound: float = math.inf) -> dict[st
         if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
             raise WireError("type", f"'{name}' has a key that is not a short string")
         if not isinstance(item, bool):
-            _finite_number(f"{name}.{key}", item, low=-bound, high=bound)
+            finite_number(f"{name}.{key}", item, low=-bound, high=bound)
     return dict(value)
+
+
+def run_instance(value: Any) -> str:
+    """A run instance id (lowercase hex, empty where the sender named none)."""
+    if not isinstance(value, str) or len(value) > MAX_INSTANCE_CHARS or set(value) - INSTANCE_CHARS:
+        raise WireError("type", f"'instance' must be at most {MAX_INSTANCE_CHARS} hex digits")
+    return value
 
 
 def text_field(name: str, value: Any, limit: int = MAX_REASON_CHARS) -> str:
@@ -238,7 +239,8 @@ class RoundStart:
     ``uploaded`` lists the clients whose upload the coordinator already holds (a selected
     client that trained the round but is not listed sends its upload again: its first
     copy went to a coordinator that crashed, or was lost while the broker restarted).
-    ``announcement`` tells two announcements of one round apart.
+    ``announcement`` tells two announcements of one round apart; ``instance``, two runs
+    of one run id (a device's state of another instance is not this run's).
     """
 
     round: int
@@ -248,12 +250,13 @@ class RoundStart:
     attempt: int = 1
     uploaded: tuple[str, ...] = ()
     announcement: int = 0
+    instance: str = ""
 
     def __post_init__(self) -> None:
         round_number(self.round, low=1)
-        _client_ids("selected", self.selected)
-        _client_ids("uploaded", self.uploaded)
-        _finite_number("timeout_s", self.timeout_s, low=0.0, high=MAX_TIMEOUT_S)
+        client_ids("selected", self.selected)
+        client_ids("uploaded", self.uploaded)
+        finite_number("timeout_s", self.timeout_s, low=0.0, high=MAX_TIMEOUT_S)
         _named_numbers("params", self.params)
         if not _is_int(self.attempt) or not 1 <= self.attempt <= 10_000:
             raise WireError(
@@ -261,6 +264,7 @@ class RoundStart:
             )
         if not _is_int(self.announcement) or not 0 <= self.announcement < 2**63:
             raise WireError("range", "announcement must be a non-negative 63-bit integer")
+        run_instance(self.instance)
 
     def to_body(self) -> dict[str, Any]:
         return {
@@ -270,21 +274,27 @@ class RoundStart:
             "attempt": self.attempt,
             "uploaded": list(self.uploaded),
             "announcement": self.announcement,
+            **({"instance": self.instance} if self.instance else {}),
         }
 
     @classmethod
     def from_body(cls, t: int, body: Any) -> RoundStart:
         if not isinstance(body, Mapping):
             raise WireError("type", "a round start must be a map")
-        body_keys(body, {"selected", "timeout_s", "params", "attempt", "uploaded", "announcement"})
+        body_keys(
+            body,
+            {"selected", "timeout_s", "params", "attempt", "uploaded", "announcement"},
+            frozenset({"instance"}),
+        )
         return cls(
             round=round_number(t, low=1),
-            selected=_client_ids("selected", body["selected"]),
+            selected=client_ids("selected", body["selected"]),
             timeout_s=body["timeout_s"],
             params=_named_numbers("params", body["params"]),
             attempt=body["attempt"],
-            uploaded=_client_ids("uploaded", body["uploaded"]),
+            uploaded=client_ids("uploaded", body["uploaded"]),
             announcement=body["announcement"],
+            instance=run_instance(body.get("instance", "")),
         )
 
     def encode(self, run: str) -> bytes:
@@ -309,14 +319,16 @@ class RunStatus:
     # id, never used to compute anything (clocks of devices may be off).
     finished_at: float | None = None
     throttled: tuple[str, ...] = ()
+    instance: str = ""  # the run instance (RoundStart): which run of this run id
 
     def __post_init__(self) -> None:
+        run_instance(self.instance)
         if self.phase not in _PHASES:
             raise WireError("range", f"unknown run phase {str(self.phase)[:20]!r}")
         round_number(self.round)
-        _client_ids("throttled", self.throttled)
+        client_ids("throttled", self.throttled)
         if self.finished_at is not None:
-            _finite_number("finished_at", self.finished_at, low=0.0, high=MAX_UNIX_TIME)
+            finite_number("finished_at", self.finished_at, low=0.0, high=MAX_UNIX_TIME)
         if (self.phase == "open") != (self.start is not None):
             raise WireError("range", "a run status carries a start exactly when a round is open")
         if self.start is not None and self.start.round != self.round:
@@ -330,17 +342,25 @@ class RunStatus:
             body["finished_at"] = self.finished_at
         if self.throttled:
             body["throttled"] = list(self.throttled)
+        if self.instance:
+            body["instance"] = self.instance
         return encode(Message("state", run, self.round, COORDINATOR, body))
 
 
 def read_run_status(raw: bytes, *, run_id: str) -> RunStatus:
     message = read_envelope(raw, "state", run_id, sender=COORDINATOR, round=None)
     body = message.body
-    body_keys(body, {"phase"}, frozenset({"start", "finished_at", "throttled"}))
+    body_keys(body, {"phase"}, frozenset({"start", "finished_at", "throttled", "instance"}))
     start = RoundStart.from_body(message.round, body["start"]) if "start" in body else None
-    throttled = _client_ids("throttled", body.get("throttled", []))
+    throttled = client_ids("throttled", body.get("throttled", []))
+    instance = run_instance(body.get("instance", ""))
     return RunStatus(
-        body["phase"], round_number(message.round), start, body.get("finished_at"), throttled
+        body["phase"],
+        round_number(message.round),
+        start,
+        body.get("finished_at"),
+        throttled,
+        instance,
     )
 
 
@@ -402,7 +422,7 @@ class Metrics:
         for key, (low, high) in METRIC_BOUNDS.items():
             if key not in self.values:
                 raise WireError("missing_field", f"metrics lack '{key}'")
-            _finite_number(key, self.values[key], low=low, high=high)
+            finite_number(key, self.values[key], low=low, high=high)
 
     def encode(self, run: str) -> bytes:
         return encode(Message("metrics", run, self.round, self.client_id, dict(self.values)))
@@ -411,91 +431,3 @@ class Metrics:
 def read_metrics(raw: bytes, *, run_id: str, round: int, client: str) -> Metrics:
     message = read_envelope(raw, "metrics", run_id, sender=client, round=round)
     return Metrics(message.round, client, _named_numbers("metrics", message.body))
-
-
-# --- downlinks ---------------------------------------------------------------------------
-PERSONAL_LIST = "_personal"  # in the broadcast: who also gets a personalized downlink
-
-
-def check_tree(name: str, value: Any, depth: int = 0) -> None:
-    """A downlink body: maps of short names down to finite, bounded numeric arrays or
-    numbers. What each method needs of it (shapes) is checked by the method's client."""
-    if isinstance(value, np.ndarray):
-        if value.dtype.kind not in "fiub":
-            raise WireError("dtype", f"'{name}' has dtype {value.dtype}")
-        if value.dtype.kind == "f" and value.size:
-            peak = float(np.abs(value).max())  # one pass: NaN and Inf carry through max
-            if not math.isfinite(peak):
-                raise WireError("non_finite", f"'{name}' holds NaN or Inf")
-            if peak > DOWNLINK_VALUE_BOUND:
-                raise WireError("range", f"'{name}' has values beyond ±{DOWNLINK_VALUE_BOUND:g}")
-        return
-    if isinstance(value, Mapping):
-        if depth >= MAX_DOWNLINK_DEPTH:
-            raise WireError("malformed", f"'{name}' nests deeper than {MAX_DOWNLINK_DEPTH}")
-        for key, item in value.items():
-            if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
-                raise WireError("type", f"'{name}' has a key that is not a short string")
-            check_tree(f"{name}.{key}", item, depth + 1)
-        return
-    if isinstance(value, bool):
-        return
-    _finite_number(name, value, low=-DOWNLINK_VALUE_BOUND, high=DOWNLINK_VALUE_BOUND)
-
-
-@dataclass(frozen=True)
-class Downlink:
-    """Round ``round``'s broadcast (``personal_for`` set) or one client's personal body."""
-
-    round: int
-    body: Mapping[str, Any]
-    personal_for: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        round_number(self.round, low=1)
-        if not isinstance(self.body, Mapping):
-            raise WireError("type", "a downlink body must be a map")
-        check_tree("downlink", self.body)
-        if self.personal_for is not None:
-            _client_ids(PERSONAL_LIST, self.personal_for)
-
-    def encode(self, run: str) -> bytes:
-        body = dict(self.body)
-        if self.personal_for is not None:
-            body[PERSONAL_LIST] = list(self.personal_for)
-        return encode(Message("downlink", run, self.round, COORDINATOR, body))
-
-
-def read_downlink(raw: bytes, *, run_id: str, round: int, client: str) -> Downlink:
-    """``client`` is the topic's last level: a client id, or ``all`` for the broadcast."""
-    message = read_envelope(
-        raw, "downlink", run_id, sender=COORDINATOR, round=round, max_bytes=None
-    )
-    return downlink_from(message, client)
-
-
-def downlink_from(message: Message, client: str) -> Downlink:
-    body = dict(message.body)
-    if client != BROADCAST:
-        return Downlink(message.round, body)
-    if PERSONAL_LIST not in body:
-        raise WireError("missing_field", f"a broadcast downlink lacks '{PERSONAL_LIST}'")
-    personal_for = _client_ids(PERSONAL_LIST, body.pop(PERSONAL_LIST))
-    return Downlink(message.round, body, personal_for)
-
-
-@dataclass
-class DownlinkPayloads:
-    """One round's downlinks, encoded once: published, checkpointed and re-published as is."""
-
-    broadcast: bytes
-    personal: dict[str, bytes] = field(default_factory=dict)
-
-
-def encode_downlinks(
-    run: str, t: int, broadcast: Mapping[str, Any], personal: Mapping[str, Mapping[str, Any]]
-) -> DownlinkPayloads:
-    return DownlinkPayloads(
-        Downlink(t, broadcast, tuple(sorted(personal))).encode(run),
-        {client: Downlink(t, body).encode(run) for client, body in personal.items()},
-    )

@@ -15,13 +15,12 @@ from mqttfl.wire.codec import Message, decode, encode
 from mqttfl.wire.control import (
     CONTROL_LIMIT,
     COORDINATOR,
-    Downlink,
     body_keys,
     check_envelope,
-    downlink_from,
     round_number,
     text_field,
 )
+from mqttfl.wire.downlinks import Downlink, downlink_from
 from mqttfl.wire.ids import check_id
 
 RESEND_REASONS = frozenset({"chunk_incomplete", "chunk_busy", "chunk_checksum"})
