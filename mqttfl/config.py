@@ -62,6 +62,10 @@ class FederationConfig(_Table):
     # "polynomial" (1+τ)^-staleness_exponent (FedAsync, Xie et al. 2019, Sec. 5.2), "constant" 1.
     staleness_weighting: Literal["fedbuff", "polynomial", "constant"] = "fedbuff"
     staleness_exponent: float = Field(0.5, gt=0.0, le=10.0)
+    # Keys of [train] and [data] a device may set for itself, besides its data path and
+    # thread count (mqttfl/nodes/manifest.py): e.g. ["train.local_epochs"] for devices
+    # that train as long as their hardware allows. Every other key is the run's.
+    device_keys: list[str] = Field(default_factory=list, max_length=32)
 
 
 class DataConfig(_Table):
@@ -151,6 +155,9 @@ class BrokerConfig(_Table):
     site: str = Field("", pattern=r"^([A-Za-z0-9_.-]{1,64})?$")
     # How long a client or the coordinator tries to reach the broker before giving up.
     connect_timeout_s: float = Field(10.0, gt=0)
+    # How long a client goes on with no live coordinator of its run (or no broker) before
+    # it stops, saying so: a device never outlives its run.
+    orphan_timeout_s: float = Field(600.0, gt=0)
 
 
 class PrivacyConfig(_Table):
@@ -209,6 +216,18 @@ class RunConfig(BaseSettings):
                 "set a target epsilon (the noise is solved for the planned rounds) "
                 "or privacy.noise_multiplier",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_device_keys(self) -> RunConfig:
+        tables = {"train": self.train.model_dump(), "data": self.data.model_dump()}
+        for key in self.federation.device_keys:
+            table, _, name = key.partition(".")
+            if table not in tables or name not in tables[table]:
+                raise ConfigError(
+                    "federation.device_keys",
+                    f"{key!r} is not a key of [train] or [data] (a device may set only those)",
+                )
         return self
 
     @model_validator(mode="after")
@@ -368,6 +387,19 @@ def _config_error(exc: ValidationError) -> ConfigError:
     if first["type"] == "value_error":  # our own validators: their message, without a prefix
         return ConfigError(key, str(first["ctx"]["error"]))
     return ConfigError(key, first["msg"])
+
+
+def config_from_tree(tree: dict[str, Any], source: str) -> RunConfig:
+    """A config from a resolved tree (a run manifest's), nothing else read: ConfigError
+    naming ``source`` and the key if it does not validate."""
+    token = _FILE_TREE.set({})
+    try:
+        return RunConfig(**tree)
+    except ValidationError as exc:
+        error = _config_error(exc)
+        raise ConfigError(error.key, f"{source}: {str(error).partition(': ')[2]}") from None
+    finally:
+        _FILE_TREE.reset(token)
 
 
 def validate_method_params(model: type[BaseModel], params: dict[str, Any]) -> Any:

@@ -13,20 +13,23 @@ from mqttfl.commands.common import (
     setup_logging,
     watch_parent,
 )
-from mqttfl.config import load_config
+from mqttfl.commands.run_settings import add_run_args, local_config, run_config
 
 
 def add_client_command(subparsers: Any) -> None:
     client = subparsers.add_parser(
         "client",
         help="run one client device against a broker",
-        description="Run one client device against a broker. Its credentials come from "
+        description="Run one client device against a broker: `mqttfl client --run ID --id N "
+        "--broker URL` takes the run's settings from the manifest its coordinator publishes "
+        "(a --config of the device's own is checked against it). Its credentials come from "
         "MQTTFL_BROKER__USERNAME/__PASSWORD: `set -a; . credentials/<id>.env; set +a` with "
         "the file `mqttfl broker init` wrote for this id. It writes its log to "
         "./logs/client-<id>.jsonl (MQTTFL_LOG_DIR overrides) and its state to "
         "./client-state/ (--state-dir), both under the folder it is started from.",
     )
     add_config_args(client)
+    add_run_args(client)
     client.add_argument("--id", required=True, help="client id (picks the synthetic room)")
     client.add_argument("--data", type=Path, help="a prepared shard directory (overrides [data])")
     client.add_argument(
@@ -40,17 +43,19 @@ def add_client_command(subparsers: Any) -> None:
 
 
 def cmd_client(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.overrides)
+    local = local_config(args)
     broker = broker_address(args)
     from mqttfl.nodes.client_process import run_client_device
 
-    setup_logging(config, f"client-{args.id}", None)
+    setup_logging(local, f"client-{args.id}", None)
     watch_parent()
+    identity = credentials(local, args.id)
+    config = run_config(args, local, broker, identity, state_dir=args.state_dir)
     return run_client_device(
         config,
         args.id,
         broker,
         state_dir=args.state_dir,
-        credentials=credentials(config, args.id),
+        credentials=identity,
         shard_dir=args.data,
     )

@@ -14,7 +14,8 @@ from mqttfl.commands.common import (
     setup_logging,
     watch_parent,
 )
-from mqttfl.config import RunConfig, load_config
+from mqttfl.commands.run_settings import add_run_args, local_config, run_config
+from mqttfl.config import RunConfig
 
 
 def add_clients_command(subparsers: Any) -> None:
@@ -27,21 +28,23 @@ def add_clients_command(subparsers: Any) -> None:
         "share its pages. Each child runs exactly as `mqttfl client --id <id>` would.",
     )
     add_config_args(clients)
+    add_run_args(clients)
     add_many_clients_args(clients)
     clients.set_defaults(func=cmd_clients)
 
 
 def cmd_clients(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.overrides)
+    local = local_config(args)
     broker = broker_address(args)
     from mqttfl.nodes.fleet import check_ids, parse_ids, runner_credentials
     from mqttfl.nodes.forks import Forks
 
     ids = parse_ids(args.ids)
-    check_ids(config, ids)
-    identities = runner_credentials(credentials(config), ids, args.credentials_dir)
+    identities = runner_credentials(credentials(local), ids, args.credentials_dir)
     name = f"clients-{ids[0]}" if len(ids) == 1 else f"clients-{ids[0]}-{ids[-1]}"
-    setup_logging(config, name, None)
+    setup_logging(local, name, None)
+    config = run_config(args, local, broker, identities[ids[0]], state_dir=args.state_dir)
+    check_ids(config, ids)
     forks = Forks(
         config,
         broker,

@@ -15,12 +15,13 @@ from mqttfl.commands.common import (
     setup_logging,
     watch_parent,
 )
-from mqttfl.config import load_config
+from mqttfl.commands.run_settings import add_run_args, local_config, run_config
 
 
 def add_fleet_command(subparsers: Any) -> None:
     fleet = subparsers.add_parser("fleet", help="run many client devices in one process")
     add_config_args(fleet)
+    add_run_args(fleet)
     add_many_clients_args(fleet)
     fleet.add_argument(
         "--workers",
@@ -31,15 +32,16 @@ def add_fleet_command(subparsers: Any) -> None:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.overrides)
+    local = local_config(args)
     broker = broker_address(args)
     from mqttfl.nodes.fleet import check_ids, log_name, parse_ids, run_fleet, runner_credentials
 
     ids = parse_ids(args.ids)
-    check_ids(config, ids)
-    identities = runner_credentials(credentials(config), ids, args.credentials_dir)
-    setup_logging(config, log_name(ids), None)
+    identities = runner_credentials(credentials(local), ids, args.credentials_dir)
+    setup_logging(local, log_name(ids), None)
     watch_parent()
+    config = run_config(args, local, broker, identities[ids[0]], state_dir=args.state_dir)
+    check_ids(config, ids)
     failed = run_fleet(
         config,
         broker,

@@ -61,6 +61,7 @@ from mqttfl.wire.ids import client_order
 from mqttfl.wire.topics import (
     AckTopic,
     LeaseTopic,
+    ManifestTopic,
     MetricsTopic,
     StartTopic,
     StateTopic,
@@ -192,8 +193,8 @@ class FederationView:
                 return self._status(client, payload)
             case StateTopic() if payload:
                 return self._run_status(read_run_status(payload, run_id=run), received)
-            case StateTopic() | LeaseTopic():
-                return []  # a cleared run state; the lease: the coordinator's, not the run's
+            case StateTopic() | LeaseTopic() | ManifestTopic():
+                return []  # a cleared run state; the lease and manifest: not the run's progress
             case StartTopic(t):
                 return self._open(read_start(payload, run_id=run, round=t), received, exact=True)
             case AckTopic(t, client):

@@ -42,6 +42,7 @@ from mqttfl.nodes.client_privacy import announced, privacy_allows
 from mqttfl.nodes.client_rounds import decline_reason, instance_verdict
 from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path
 from mqttfl.nodes.client_uploads import Uploads
+from mqttfl.nodes.client_watch import RunWatch
 from mqttfl.nodes.device import build_client_side, round_rng
 from mqttfl.nodes.run_lease import finished_text
 from mqttfl.training.memory import release, resident_mb
@@ -49,6 +50,7 @@ from mqttfl.training.metrics import classification_report
 from mqttfl.wire import Message, Topics, check_id, encode
 from mqttfl.wire.control import Ack, Metrics, Offline, Online, RoundStart, RunStatus
 from mqttfl.wire.downlinks import Downlink
+from mqttfl.wire.lease import Lease
 from mqttfl.wire.resend import Resend
 
 T = TypeVar("T")
@@ -105,6 +107,7 @@ class ClientRunner:
             Owner.of(config, self.info),
             log=self.log,
         )
+        self.state_file.fresh = StateFile.snapshot(self.model, self.method, self.progress)
         resumed = self.state_file.load(self.model, self.method, self.progress)
         if resumed:
             self.log.info(
@@ -122,6 +125,7 @@ class ClientRunner:
                 self.topics.any_down_for(client_id),
                 self.topics.state,
                 self.topics.status(client_id),  # to answer a forged 'offline' about us
+                self.topics.lease,  # whether the run has a live coordinator (client_watch)
             ],
             will=(
                 self.topics.status(client_id),
@@ -135,6 +139,8 @@ class ClientRunner:
             who=f"client {client_id!r}",
         )
         self.uploads = Uploads(self.bus, self.topics, self.client_id, self.log)
+        orphaned_after = config.broker.orphan_timeout_s
+        self.watch = RunWatch(config.run_id, client_id, orphaned_after, self.bus.connected)
         self.broker = broker
         self.state_seen = False  # the run's state, the first time: a finished run is not ours
 
@@ -146,6 +152,9 @@ class ClientRunner:
         )
         if isinstance(read, Offline):
             self._heal(read)
+            return None
+        if isinstance(read, Lease):
+            self.watch.on_lease(read)
             return None
         return read
 
@@ -476,6 +485,7 @@ class ClientRunner:
                 group.create_task(self.bus.run()),
                 group.create_task(self._last_words(self._reader())),
                 group.create_task(self._last_words(self._worker())),
+                group.create_task(self.watch.run()),
             ]
             try:
                 await self.bus.wait_connected(timeout=self.config.broker.connect_timeout_s)

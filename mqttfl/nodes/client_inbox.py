@@ -23,8 +23,9 @@ from mqttfl.wire.control import (
     read_status,
 )
 from mqttfl.wire.downlinks import Downlink
+from mqttfl.wire.lease import Lease, read_lease
 from mqttfl.wire.resend import Resend, read_downlink_or_resend
-from mqttfl.wire.topics import DownTopic, StartTopic, StateTopic, StatusTopic
+from mqttfl.wire.topics import DownTopic, LeaseTopic, StartTopic, StateTopic, StatusTopic
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,10 @@ class Received:
 
 def read_for_client(
     incoming: Incoming, *, config: RunConfig, client_id: str, method: ClientSide
-) -> Received | Offline | None:
+) -> Received | Offline | Lease | None:
     """The validated message; an ``offline`` said about this client (to be answered);
-    None for what needs no action. WireError for anything hostile."""
+    the run's lease (whether its coordinator is live); None for what needs no action.
+    WireError for anything hostile."""
     if incoming.error is not None:  # chunks that could not be put together
         raise incoming.error
     run, size = config.run_id, len(incoming.payload)
@@ -54,6 +56,8 @@ def read_for_client(
                 if isinstance(status, Offline):
                     return status
             return None
+        case LeaseTopic():
+            return read_lease(incoming.payload)
         case StartTopic(t):
             message = read_start(incoming.payload, run_id=run, round=t)
         case StateTopic():

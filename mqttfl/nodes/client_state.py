@@ -114,7 +114,8 @@ class StateFile:
         self.owner = owner
         self.log = log if log is not None else get_logger()
         self._writing: asyncio.Task[None] | None = None
-        self.fresh: dict[str, Any] | None = None  # the state before load()
+        # The state to start afresh from (a fresh model): set by its owner before load().
+        self.fresh: dict[str, Any] | None = None
 
     def read(self) -> dict[str, Any]:
         """The file's state, never changing the file; DataError naming it and what is
@@ -136,9 +137,7 @@ class StateFile:
         return state
 
     def load(self, model: torch.nn.Module, method: ClientSide, progress: Progress) -> bool:
-        """Resume from the file if it is this run's; set it aside (and start fresh) if not.
-        Keeps the state from before (:attr:`fresh`) for :meth:`start_afresh`."""
-        self.fresh = fresh = self.snapshot(model, method, progress)
+        """Resume from the file if it is this run's; set it aside (and start fresh) if not."""
         if not self.path.exists():
             return False
         try:
@@ -151,6 +150,7 @@ class StateFile:
             if reason is not None:
                 self._discard(reason)
                 return False
+        fresh = self.fresh if self.fresh is not None else self.snapshot(model, method, progress)
         try:
             self.restore(state, model, method, progress)
         except Exception as exc:  # e.g. a size mismatch: put the fresh state back
@@ -163,8 +163,8 @@ class StateFile:
         self, model: torch.nn.Module, method: ClientSide, progress: Progress, reason: str
     ) -> None:
         """The state is not this run's after all (another instance of its run id): set the
-        file aside and put back the state from before :meth:`load`."""
-        assert self.fresh is not None, "load() keeps the state to start afresh from"
+        file aside and put back the fresh state (:attr:`fresh`)."""
+        assert self.fresh is not None, "the owner keeps a fresh state to start afresh from"
         await self.written()
         if self.path.exists():
             self._discard(reason)

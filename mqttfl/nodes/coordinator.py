@@ -33,6 +33,7 @@ from mqttfl.engine.rounds import Action, Announce, Close, Finish, Keep
 from mqttfl.engine.state import Resume, RunState, RunSummary, check_resume
 from mqttfl.errors import BrokerError, RejectedUpload, RunAborted, WireError
 from mqttfl.logs import get_logger
+from mqttfl.nodes.manifest import keep_copy, manifest_of
 from mqttfl.nodes.run_lease import LeaseGuard, my_lease
 from mqttfl.nodes.screen import LEASE, Screen
 from mqttfl.wire import Topics
@@ -446,6 +447,13 @@ class Coordinator:
             rounds=self.config.rounds,
             expected_clients=self.config.federation.num_clients,
             from_round=engine.round,
+        )
+        # The run's contract, for every other process of the run (and a copy for readers
+        # of the run dir): published before anything else, kept across resumes.
+        manifest = manifest_of(self.config, engine.state.instance)
+        keep_copy(manifest, self.journal.out_dir)
+        await self.bus.publish(
+            self.topics.manifest, manifest.encode(self.config.run_id), retain=True
         )
         if engine.state.round == 0:
             await self._publish_state(RunStatus("waiting", 0))

@@ -20,7 +20,7 @@ from mqttfl.errors import WireError
 SCHEMA_VERSION = 1
 ARRAY_EXT = 1
 MESSAGE_TYPES = frozenset(
-    {"status", "start", "ack", "upload", "downlink", "metrics", "state", "resend"}
+    {"status", "start", "ack", "upload", "downlink", "metrics", "state", "resend", "manifest"}
 )
 # Only plain numeric dtypes cross the wire; object arrays could smuggle anything.
 ALLOWED_DTYPES = frozenset({"<f2", "<f4", "<f8", "|i1", "|u1", "<i2", "<i4", "<i8", "|b1"})

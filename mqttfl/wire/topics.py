@@ -116,6 +116,13 @@ class LeaseTopic:
     kind: ClassVar[str] = "lease"
 
 
+@dataclass(frozen=True)
+class ManifestTopic:
+    """``manifest``: the run's contract, retained (:mod:`mqttfl.wire.manifest`)."""
+
+    kind: ClassVar[str] = "manifest"
+
+
 #: A parsed topic of the run: one class per kind, each field checked by the parser.
 TopicInfo = (
     StartTopic
@@ -127,6 +134,7 @@ TopicInfo = (
     | StateTopic
     | SiteTopic
     | LeaseTopic
+    | ManifestTopic
 )
 _PER_CLIENT: dict[str, type[DownTopic | AckTopic | UploadTopic | MetricsTopic]] = {
     cls.kind: cls for cls in (DownTopic, AckTopic, UploadTopic, MetricsTopic)
@@ -173,6 +181,10 @@ class Topics:
     @property
     def lease(self) -> str:
         return f"{self.base}/lease"
+
+    @property
+    def manifest(self) -> str:
+        return f"{self.base}/manifest"
 
     @property
     def everything(self) -> str:
@@ -228,6 +240,8 @@ class Topics:
                 return StateTopic()
             case ["lease"]:
                 return LeaseTopic()
+            case ["manifest"]:
+                return ManifestTopic()
             case ["status", client]:
                 return StatusTopic(check_id(client))
             case ["site", site]:
