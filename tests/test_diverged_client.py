@@ -30,7 +30,12 @@ def test_a_diverging_client_refuses_its_upload_and_the_run_completes(
         broker,
         clients=3,
         rounds=rounds,
-        overrides=["method=fedavg", "federation.round_timeout_s=60", "federation.min_clients=2"],
+        overrides=[
+            "method=fedavg",
+            "federation.round_timeout_s=60",
+            "federation.min_clients=2",
+            'federation.device_keys=["train.lr"]',  # the run lets a device set its own
+        ],
         client_overrides={"2": ["train.lr=1e12"]},  # one step past any bound
     ) as fed:
         fed.start()

@@ -30,7 +30,10 @@ def test_broker_restart_mid_round_every_party_reconnects(tmp_path: Path) -> None
             broker,
             clients=n,
             rounds=rounds,
-            overrides=["federation.round_timeout_s=60"],
+            overrides=[
+                "federation.round_timeout_s=60",
+                'federation.device_keys=["train.local_epochs"]',  # a device's own pace
+            ],
             client_overrides={"0": ["train.local_epochs=25"]},
         ) as fed,
     ):

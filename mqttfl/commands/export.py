@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mqttfl.errors import FileError, UsageError
+
+if TYPE_CHECKING:
+    from mqttfl.export.client import Exported
 
 
 def add_export_command(subparsers: Any) -> None:
@@ -15,7 +18,16 @@ def add_export_command(subparsers: Any) -> None:
         "export",
         help="write a client's evaluation model as ONNX with its sensor.json (for mqttfl sense)",
     )
-    export.add_argument("run_dir", type=Path, help="a finished run directory")
+    export.add_argument(
+        "run_dir", type=Path, nargs="?", help="a finished run directory (or --state-dir)"
+    )
+    export.add_argument(
+        "--state-dir",
+        type=Path,
+        help="on a device: its client state directory (with --run and --client), where "
+        "its client keeps the model and the run's manifest",
+    )
+    export.add_argument("--run", help="the run id, with --state-dir")
     which = export.add_mutually_exclusive_group(required=True)
     which.add_argument("--client", help="the client id to export")
     which.add_argument("--all", action="store_true", help="every client (OUT/client-<id>/)")
@@ -33,8 +45,24 @@ def add_export_command(subparsers: Any) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from mqttfl.export.client import export_client, run_clients, run_summary
+    from mqttfl.export.client import export_client, in_run_dir, on_device, run_clients, run_summary
 
+    if (args.run_dir is None) == (args.state_dir is None):
+        raise UsageError(
+            "give a run directory (mqttfl export RUN_DIR ...) or, on a device, "
+            "--state-dir DIR --run ID --client N"
+        )
+    if args.state_dir is not None:
+        if args.run is None or args.client is None:
+            raise UsageError("--state-dir needs --run ID and --client N (one device's model)")
+        source = on_device(args.state_dir, args.run, args.client)
+        done = export_client(
+            source, args.client, args.out, shard_dir=args.data, with_shard=args.with_shard
+        )
+        _say(done, args.out)
+        return 0
+    if args.run is not None:
+        raise UsageError("--run goes with --state-dir; a run directory names its run")
     if args.all:
         if args.data is not None:
             raise UsageError("--data names one client's shard; use it with --client")
@@ -45,16 +73,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         targets = [(args.client, args.out)]
     for client_id, out in targets:
+        source = in_run_dir(args.run_dir, client_id)
         done = export_client(
-            args.run_dir, client_id, out, shard_dir=args.data, with_shard=args.with_shard
+            source, client_id, out, shard_dir=args.data, with_shard=args.with_shard
         )
-        run, scores = done.spec.run, done.spec.scores
-        sys.stdout.write(
-            f"client {done.client_id}: {out}/model.onnx ({run['arch']}, {run['method']} round "
-            f"{run['round']}; accuracy {scores.get('accuracy', float('nan')):.4f}); "
-            f"ONNX vs torch max |diff| {done.max_abs_diff:.2e} over "
-            f"{done.spec.export['windows_checked']} windows"
-            + ("; adapts to its session (sensor.json adaptation)" if done.spec.adaptation else "")
-            + "\n"
-        )
+        _say(done, out)
     return 0
+
+
+def _say(done: Exported, out: Path) -> None:
+    run, scores = done.spec.run, done.spec.scores
+    sys.stdout.write(
+        f"client {done.client_id}: {out}/model.onnx ({run['arch']}, {run['method']} round "
+        f"{run['round']}; accuracy {scores.get('accuracy', float('nan')):.4f}); "
+        f"ONNX vs torch max |diff| {done.max_abs_diff:.2e} over "
+        f"{done.spec.export['windows_checked']} windows"
+        + ("; adapts to its session (sensor.json adaptation)" if done.spec.adaptation else "")
+        + "\n"
+    )

@@ -1,5 +1,10 @@
 """Rebuild a client of a finished run and write its evaluation model as ONNX.
 
+The model is found where it lives: in a run directory that ``mqttfl run`` (or a coordinator
+with local clients) wrote, or on the device itself, in its ``--state-dir`` beside the copy
+of the run's manifest its client kept (:mod:`mqttfl.nodes.manifest`); the config comes
+from the run's summary or that manifest, never from the user again.
+
 The client is built as its runner builds it (:func:`mqttfl.nodes.device.build_client_side`
 on the shard its config gives it), its state file ``clients/client-<id>.pt`` is loaded
 read-only (the run's files are never renamed or changed: a state that cannot be used is
@@ -30,6 +35,16 @@ from mqttfl.wire.ids import check_id, client_order
 
 OPSET = 18
 INPUT_NAME, OUTPUT_NAME = "x", "scores"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one client's model lives, and the config it trained under."""
+
+    config: Any  # RunConfig (torch-free import of this module: kept as Any)
+    state_file: Path
+    scores: dict[str, Any]  # the run's last evaluation of the client ({}: evaluate here)
+    origin: dict[str, str]  # recorded in sensor.json's run section
 
 
 @dataclass(frozen=True)
@@ -119,24 +134,10 @@ def onnx_scores(path: Path, x: np.ndarray, batch: int) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
 
 
-def export_client(
-    run_dir: Path,
-    client_id: str,
-    out: Path,
-    *,
-    shard_dir: Path | None = None,
-    with_shard: bool = False,
-) -> Exported:
-    """Write ``out/model.onnx`` and ``out/sensor.json`` for one client of a finished run
-    (and with ``with_shard`` the client's shard as the run built it, in ``out/shard``)."""
-    import torch
-
-    from mqttfl.algorithms import get_algorithm, make_context
+def in_run_dir(run_dir: Path, client_id: str) -> Source:
+    """A client of a run directory (its summary's config, ``clients/`` its states)."""
     from mqttfl.config import RunConfig
-    from mqttfl.data.sources import run_client_shard
-    from mqttfl.nodes.client_state import Progress, StateFile, state_path
-    from mqttfl.nodes.device import build_client_side
-    from mqttfl.training.memory import eval_batch_size
+    from mqttfl.nodes.client_state import state_path
 
     run_dir = Path(run_dir)
     client_id = check_id(client_id)
@@ -153,11 +154,65 @@ def export_client(
     if not state_file.is_file() and (run_dir / "clients" / f"client-{client_id}.pt").is_file():
         state_file = run_dir / "clients" / f"client-{client_id}.pt"
     if not state_file.is_file():
-        raise DataError(state_file, "client state file not found")
+        raise DataError(
+            state_file,
+            f"client state file not found: a device started on its own keeps its model on "
+            f"the device; there run: mqttfl export --state-dir client-state --run "
+            f"{config.run_id} --client {client_id} --out DIR",
+        )
+    origin = {"run_dir": str(run_dir.resolve())}
+    return Source(config, state_file, last_scores(run_dir, client_id), origin)
+
+
+def on_device(state_dir: Path, run_id: str, client_id: str) -> Source:
+    """A client's model where it lives: ``state_dir/<run>/client-<id>.pt``, with the copy
+    of the run's manifest its client kept beside it."""
+    from mqttfl.config import config_from_tree
+    from mqttfl.nodes.client_state import state_path
+    from mqttfl.nodes.manifest import MANIFEST_FILE, read_copy
+
+    client_id = check_id(client_id)
+    folder = Path(state_dir) / check_id(run_id, "run id")
+    if not Path(state_dir).is_dir():
+        raise DataError(state_dir, "state directory not found")
+    manifest = read_copy(folder / MANIFEST_FILE)
+    config = config_from_tree(dict(manifest.config), f"{folder / MANIFEST_FILE}")
+    if config.run_id != run_id:
+        raise DataError(folder / MANIFEST_FILE, f"is the manifest of run {config.run_id!r}")
+    state_file = state_path(Path(state_dir), run_id, client_id)
+    if not state_file.is_file():
+        held = sorted(p.name for p in folder.glob("client-*.pt"))
+        raise DataError(
+            state_file,
+            "client state file not found"
+            + (f" (this folder holds {', '.join(held)[:200]})" if held else ""),
+        )
+    return Source(config, state_file, {}, {"state_dir": str(Path(state_dir).resolve())})
+
+
+def export_client(
+    source: Source,
+    client_id: str,
+    out: Path,
+    *,
+    shard_dir: Path | None = None,
+    with_shard: bool = False,
+) -> Exported:
+    """Write ``out/model.onnx`` and ``out/sensor.json`` for one client of a finished run
+    (and with ``with_shard`` the client's shard as the run built it, in ``out/shard``)."""
+    import torch
+
+    from mqttfl.algorithms import get_algorithm, make_context
+    from mqttfl.data.sources import run_client_shard
+    from mqttfl.nodes.client_state import Progress, StateFile
+    from mqttfl.nodes.device import build_client_side
+    from mqttfl.training.memory import eval_batch_size
+
+    config, state_file = source.config, source.state_file
     # Read-only: a state that cannot be used stops the export (it is never set aside, and
-    # never replaced by an untrained model); the scores are read before any work is done.
+    # never replaced by an untrained model).
     saved = StateFile(state_file).read()
-    metrics = last_scores(run_dir, client_id)
+    metrics = dict(source.scores)
     shard = run_client_shard(config, client_id, shard_dir)
     torch.set_num_threads(config.train.torch_threads)  # the client's (reductions' order)
     algorithm = get_algorithm(config.method)
@@ -167,6 +222,12 @@ def export_client(
     if progress.applied_round < 1:
         raise DataError(state_file, "holds no trained round (the client never applied one)")
     module = method.evaluation_model(progress.applied_round).eval()
+    if not metrics:  # on the device: its evaluation of the round it applied last
+        from mqttfl.training.metrics import classification_report
+
+        predicted = method.predict(shard.x_test)
+        metrics = {"round": progress.applied_round, "num_test": len(shard.y_test)}
+        metrics |= classification_report(shard.y_test, predicted)
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -206,7 +267,7 @@ def export_client(
             "arch": method.info.arch,
             "source": config.data.source,
             "device": shard.meta.get("device"),
-            "run_dir": str(run_dir.resolve()),
+            **source.origin,
         },
         scores=metrics,
         eval_batch_size=batch,
