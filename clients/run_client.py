@@ -1,4 +1,4 @@
-"""Device entry point: `python clients/run_client.py --config ... --id 3 --broker mqtt://host:1883`.
+"""Device entry point: `python clients/run_client.py --run ID --id 3 --broker mqtt://host:1883`.
 
 The same as `mqttfl client ...`, for devices where the console script is not on PATH.
 """

@@ -136,7 +136,7 @@ def played(scene: tuple[Deployment, Witness]) -> Deployment:
 def differing(seen: Seen) -> str:
     assert seen.rc == 2, seen.text[-3000:]
     line = seen.error()
-    assert "differ from run 'manifest-test'" in line, line
+    assert "differ from the manifest of run 'manifest-test'" in line, line
     return line
 
 

@@ -9,14 +9,17 @@ from typing import Any
 
 from rich.console import Console
 
+from mqttfl.bus.address import BrokerAddress
 from mqttfl.bus.transport import Bus
 from mqttfl.commands.common import broker_address, credentials
-from mqttfl.config import load_config
+from mqttfl.config import RunConfig, load_config
 from mqttfl.errors import StateError, UsageError, WireError
 from mqttfl.logs import configure_logging
 from mqttfl.monitor.buffered import buffer_watch
 from mqttfl.monitor.view import ONCE_LISTEN_S, FederationView, run_watch, watch_topics
 from mqttfl.privacy.accountant import privacy_settings
+
+MANIFEST_LOOK_S = 3.0  # a live run's manifest is retained: it comes at once
 
 
 def add_watch_command(subparsers: Any) -> None:
@@ -26,7 +29,11 @@ def add_watch_command(subparsers: Any) -> None:
     )
     parser.add_argument("--broker", help="broker URL, e.g. mqtt://host:1883")
     parser.add_argument("--run", required=True, help="the run id (the config's run_id)")
-    parser.add_argument("--config", help="run config (TOML): its [broker] credentials")
+    parser.add_argument(
+        "--config",
+        help="run config (TOML): its [broker] credentials; the run's other settings come "
+        "from the manifest its coordinator publishes, when there is one",
+    )
     parser.add_argument(
         "--once",
         action="store_true",
@@ -36,7 +43,9 @@ def add_watch_command(subparsers: Any) -> None:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
+    local = load_config(args.config)
+    broker = broker_address(args)
+    config = _run_config(args.run, local, broker)
     try:
         view = FederationView(
             args.run,
@@ -46,7 +55,6 @@ def cmd_watch(args: argparse.Namespace) -> int:
         )
     except WireError as exc:
         raise UsageError(f"--run {args.run!r}: {exc.detail}") from None
-    broker = broker_address(args)
     # The bus's reconnect warnings would tear the screen; the view shows the connection.
     configure_logging(None, level="error")
     bus = Bus(
@@ -65,3 +73,24 @@ def cmd_watch(args: argparse.Namespace) -> int:
             "coordinator started?"
         )
     return 0
+
+
+def _run_config(run: str, local: RunConfig, broker: BrokerAddress) -> RunConfig:
+    """The run's settings from its manifest (its privacy, buffer and upload bound), with
+    this watcher's [broker]; ``local`` as it is where the run has no manifest yet."""
+    from mqttfl.nodes.manifest import await_manifest, device_config
+
+    try:
+        manifest = asyncio.run(
+            await_manifest(
+                broker,
+                run,
+                credentials=credentials(local),
+                who=f"run {run!r}'s manifest",
+                timeout=MANIFEST_LOOK_S,
+                connect_timeout=local.broker.connect_timeout_s,
+            )
+        )
+    except (StateError, WireError):  # no manifest (yet), or a run id that cannot be one
+        return local
+    return device_config(manifest, local, from_file=False, overrides=[])

@@ -97,7 +97,7 @@ def device_config(
     differ = drift(local, manifest, only=None if from_file else set_keys(overrides))
     if differ:
         raise UsageError(
-            f"this device's settings differ from run {run_id!r}'s manifest (its coordinator's "
+            f"this device's settings differ from the manifest of run {run_id!r} (its coordinator's "
             f"config): {'; '.join(differ)}. Start it without --config and --set to train the "
             "run's settings, or make them agree (a device may set only "
             f"{', '.join(device_keys(manifest.config))})"
