@@ -178,6 +178,41 @@ def test_wrong_round_uploads_are_dropped_before_decoding(
     assert grown < 2_000_000, grown
 
 
+def test_metrics_that_repeat_are_refused_before_decoding_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Metrics of a round their sender has reported already (a forgery after the real ones,
+    NaN or not) are refused from their topic alone as ``duplicate``: counted every time,
+    logged while the sender is within its noise budget, never decoded."""
+    coordinator = _coordinator(tmp_path)
+    coordinator.state.round = 3  # round 3 closed: its metrics are due
+    decoded: list[int] = []
+    real = control.read_envelope
+
+    def counting(raw: bytes, *args: Any, **kwargs: Any) -> Any:
+        decoded.append(len(raw))
+        return real(raw, *args, **kwargs)
+
+    monkeypatch.setattr("mqttfl.wire.control.read_envelope", counting)
+    values = {"accuracy": 0.5, "f1": 0.5, "mae": 1.0}
+    honest = encode(Message("metrics", RUN, 3, "0", values))
+    nan = {**values, "accuracy": float("nan")}
+    forged = encode(Message("metrics", RUN, 3, "0", nan))
+    with capture_logs() as logs:
+        coordinator.handle(Incoming(f"{BASE}/round/3/metrics/0", honest))
+        for _ in range(1000):
+            coordinator.handle(Incoming(f"{BASE}/round/3/metrics/0", forged))
+        not_a_repeat = encode(Message("metrics", RUN, 3, "1", nan))
+        coordinator.handle(Incoming(f"{BASE}/round/3/metrics/1", not_a_repeat))
+    assert len(decoded) == 2  # the honest metrics and client 1's, nothing else
+    assert [(r.client_id, r.accuracy) for r in coordinator.engine.records] == [("0", 0.5)]
+    assert coordinator.state.rejected_messages == {"duplicate": 1000, "non_finite": 1}
+    reasons = [e["reason"] for e in _events(logs, "message.rejected")]
+    assert set(reasons) == {"duplicate", "non_finite"}
+    assert reasons[-1] == "non_finite"
+    assert reasons.count("duplicate") <= RATES["noise"].burst + 2  # counted, not written
+
+
 def test_the_run_state_names_throttled_devices_for_watch() -> None:
     status = RunStatus("closed", 4, throttled=("2", "17"))
     assert read_run_status(status.encode(RUN), run_id=RUN).throttled == ("2", "17")

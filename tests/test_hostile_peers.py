@@ -45,6 +45,7 @@ class Shot:
     target: str  # "coordinator" or "clients": whose rejection counter it must raise
     reasons: tuple[str, ...]  # the reason it must be rejected with; () = not a rejection
     retain: bool = False
+    before_clients: bool = False  # fired before any client runs (see the test)
 
 
 def _start_body(**changes: object) -> dict[str, object]:
@@ -78,6 +79,7 @@ def catalogue(method: str) -> list[Shot]:
             _from("metrics", 1, "0", {**metrics, "accuracy": math.nan}),
             c,
             ("non_finite",),
+            before_clients=True,
         ),
         Shot(
             "2e307 metrics",
@@ -85,6 +87,7 @@ def catalogue(method: str) -> list[Shot]:
             _from("metrics", 1, "0", {**metrics, "mae": 2e307}),
             c,
             ("range",),
+            before_clients=True,
         ),
         Shot(
             "metrics of a stranger",
@@ -92,6 +95,7 @@ def catalogue(method: str) -> list[Shot]:
             _from("metrics", 1, "g9", metrics),
             c,
             ("unknown_client",),
+            before_clients=True,
         ),
         Shot(
             "3e38 upload",
@@ -279,6 +283,11 @@ class Attacker:
         self.client.loop_stop()
 
 
+def metrics_rejected(fed: Federation) -> int:
+    """How many metrics messages the coordinator has logged as rejected."""
+    return sum("/metrics/" in e["topic"] for e in fed.events(event="message.rejected"))
+
+
 OVERRIDES = {
     "fedapa": ["method=fedapa"],
     "fedavg": ["method=fedavg"],
@@ -316,9 +325,9 @@ def test_hostile_peers_cannot_crash_stall_or_poison_a_run(
             tmp_path / "fed", target, clients=3, rounds=ROUNDS, overrides=overrides, broker_url=url
         ) as fed:
             fed.start_coordinator(env=env.get("coordinator"))
-            for cid in CLIENTS:
-                fed.start_client(cid, env=env.get(cid))
-            fed.wait_round_started(1, timeout=120)
+            fed.wait_for(  # logged once its subscriptions are in place
+                lambda: fed.events(event="run.started"), timeout=60, what="the coordinator"
+            )
             creds = env.get("0", {})
             attacker = Attacker(
                 target.port,
@@ -326,8 +335,25 @@ def test_hostile_peers_cannot_crash_stall_or_poison_a_run(
                 password=creds.get("MQTTFL_BROKER__PASSWORD"),
             )
             try:
-                for shot in shots:  # the ACL broker drops what it does not permit
+                # Forged metrics are judged on their content only while the real metrics
+                # of their round are not in (after them, a forgery is refused from its
+                # topic alone as a duplicate): so they go, and are judged, before any
+                # client runs. The ACL broker drops what it does not permit.
+                early = [s for s in shots if s.before_clients]
+                for shot in early:
                     attacker.fire(shot)
+                judged = sum(1 for s in early if s in fired)
+                fed.wait_for(
+                    lambda: metrics_rejected(fed) >= judged,
+                    timeout=60,
+                    what="the forged metrics to be judged",
+                )
+                for cid in CLIENTS:
+                    fed.start_client(cid, env=env.get(cid))
+                fed.wait_round_started(1, timeout=120)
+                for shot in shots:
+                    if not shot.before_clients:
+                        attacker.fire(shot)
             finally:
                 attacker.close()
             summary = fed.finish(timeout=300)

@@ -4,9 +4,9 @@ Every message is charged to its sender's budget (:mod:`mqttfl.engine.budget`), c
 checks first:
 
 - a topic that is not the run's, an upload the open round does not wait for (a past or
-  future round, a repeat of an accepted one): refused in O(1) from the topic alone,
-  counted with their reason, never decoded; logged while the sender is within its
-  ``noise`` budget; metrics that repeat are dropped the same way, quietly;
+  future round, a repeat of an accepted one), metrics of a round their sender has reported
+  already: refused in O(1) from the topic alone, counted with their reason, never
+  decoded; logged while the sender is within its ``noise`` budget;
 - a status, a site notice (each replaces the one before it): read within the sender's
   ``state`` budget; past it the newest one per sender is held until the flood is over
   (the sender quiet for QUIET_S), so a flood of them costs one held message per sender,
@@ -34,6 +34,7 @@ from mqttfl.wire.topics import (
     AckTopic,
     DownTopic,
     LeaseTopic,
+    ManifestTopic,
     MetricsTopic,
     SiteTopic,
     StartTopic,
@@ -54,7 +55,7 @@ def sender_of(where: TopicInfo) -> str:
             return f"site/{site}"
         case LeaseTopic():
             return LEASE
-        case StartTopic() | StateTopic():
+        case StartTopic() | StateTopic() | ManifestTopic():
             return UNNAMED
         case StatusTopic(client) | DownTopic(_, client) | AckTopic(_, client):
             return client
@@ -88,8 +89,8 @@ class Screen:
             raise
 
     def admit(self, where: TopicInfo, message: Incoming) -> Verdict:
-        """``read`` it now, or ``drop`` it (held back, a repeat, or throttled); raises
-        WireError (RejectedUpload for uploads) for what the O(1) checks refuse."""
+        """``read`` it now, or ``drop`` it (held back, or throttled); raises WireError
+        (RejectedUpload for uploads) for what the O(1) checks refuse."""
         sender = sender_of(where)
         if isinstance(where, LeaseTopic):
             return "read"
@@ -100,18 +101,16 @@ class Screen:
                 return "read"
             self._hold(sender, message)
             return "drop"
-        if self._repeat(where, message):
-            return "drop"
+        self._refuse(where, message)
         if self.budget.admit(sender, "work"):
             return "read"
         self.engine.state.rejected_messages["throttled"] += 1
         return "drop"
 
-    def _repeat(self, where: TopicInfo, message: Incoming) -> bool:
-        """The O(1) checks: raise for what is refused, True for a repeat to drop quietly,
-        False for a message worth decoding."""
+    def _refuse(self, where: TopicInfo, message: Incoming) -> None:
+        """The O(1) checks: raise for what is refused, return for a message worth decoding."""
         if message.error is not None:
-            return False
+            return
         engine = self.engine
         try:
             match where:
@@ -122,12 +121,12 @@ class Screen:
                         exc.round, exc.client = t, client
                         raise
                 case MetricsTopic(t, client) if engine.metrics_repeat(t, client):
-                    self.quiet = not self.budget.admit(client, "noise")
-                    return True
+                    raise WireError(
+                        "duplicate", f"client {client!r} already reported its metrics of round {t}"
+                    )
         except WireError:
             self.quiet = not self.budget.admit(sender_of(where), "noise")
             raise
-        return False
 
     def _hold(self, sender: str, message: Incoming) -> None:
         if sender not in self.held and len(self.held) >= self.max_held:
