@@ -165,12 +165,23 @@ async def await_manifest(
             except WireError as exc:
                 log.warning("manifest.rejected", reason=exc.reason, detail=exc.detail)
 
+    found: list[Manifest | StateError] = []
+
+    async def look() -> None:
+        try:
+            found.append(await first())
+        except StateError as exc:  # raised outside the task group: not an ExceptionGroup
+            found.append(exc)
+
     async with asyncio.TaskGroup() as group:
         running = group.create_task(bus.run())
         try:
-            manifest = await first()
+            await look()
         finally:
             running.cancel()
+    [manifest] = found
+    if isinstance(manifest, StateError):
+        raise manifest
     log.info("manifest.received", instance=manifest.instance, digest=manifest.digest[:16])
     return manifest
 
