@@ -21,11 +21,13 @@ from mqttfl.nodes.screen import LEASE, sender_of
 from mqttfl.sensing.source import CaptureSource, MqttSource, ShardSource, parse_source
 from mqttfl.wire import BROADCAST, Topics
 from mqttfl.wire.control import Ack
+from mqttfl.wire.lease import Lease
 from mqttfl.wire.topics import (
     MAX_ROUND,
     AckTopic,
     DownTopic,
     LeaseTopic,
+    ManifestTopic,
     MetricsTopic,
     SiteTopic,
     StartTopic,
@@ -61,6 +63,8 @@ def rebuild(topics: Topics, where: TopicInfo) -> str:
             return topics.site(site)
         case LeaseTopic():
             return topics.lease
+        case ManifestTopic():
+            return topics.manifest
 
 
 BUILT: list[tuple[str, TopicInfo]] = [
@@ -75,13 +79,14 @@ BUILT: list[tuple[str, TopicInfo]] = [
     (TOPICS.state, StateTopic()),
     (TOPICS.site("kitchen"), SiteTopic("kitchen")),
     (TOPICS.lease, LeaseTopic()),
+    (TOPICS.manifest, ManifestTopic()),
 ]
 
 
-def test_the_union_is_nine_frozen_kinds_each_named_by_its_level() -> None:
-    assert len(KINDS) == 9
+def test_the_union_is_ten_frozen_kinds_each_named_by_its_level() -> None:
+    assert len(KINDS) == 10
     assert {type(where) for _, where in BUILT} == set(KINDS)
-    assert len({kind.kind for kind in KINDS}) == 9
+    assert len({kind.kind for kind in KINDS}) == 10
     for topic, where in BUILT:
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(where, "kind", "up")  # noqa: B010
@@ -113,6 +118,7 @@ def test_the_broadcast_downlink_is_a_down_topic_that_says_so() -> None:
         ("mqttfl/union-run/", "topic"),
         ("mqttfl/union-run/state/x", "topic"),
         ("mqttfl/union-run/lease/x", "topic"),
+        ("mqttfl/union-run/manifest/x", "topic"),
         ("mqttfl/union-run/status", "topic"),
         ("mqttfl/union-run/status/all", "bad_id"),
         ("mqttfl/union-run/status/a+b", "bad_id"),
@@ -137,7 +143,10 @@ def test_a_foreign_or_hostile_topic_is_still_refused(topic: str, reason: str) ->
     assert info.value.reason == reason
 
 
-LEVELS = ["round", "up", "down", "ack", "metrics", "status", "state", "start", "site", "lease"]
+LEVELS = [
+    *("round", "up", "down", "ack", "metrics", "status", "state", "start", "site", "lease"),
+    "manifest",
+]
 
 
 @settings(max_examples=3000, deadline=None)
@@ -166,6 +175,7 @@ def test_who_a_topic_is_charged_to() -> None:
     assert sender_of(SiteTopic("kitchen")) == "site/kitchen"
     assert sender_of(LeaseTopic()) == LEASE
     assert sender_of(StartTopic(1)) == sender_of(StateTopic()) == UNNAMED
+    assert sender_of(ManifestTopic()) == UNNAMED
     for where in (
         StatusTopic("3"),
         DownTopic(1, "3"),
@@ -192,12 +202,18 @@ def _inbox(topic: str, payload: bytes = b"x") -> object:
         (TOPICS.up(1, "3"), "up"),
         (TOPICS.metrics(1, "3"), "metrics"),
         (TOPICS.site("kitchen"), "site"),
-        (TOPICS.lease, "lease"),
+        (TOPICS.manifest, "manifest"),  # read before the runner starts (nodes/manifest.py)
     ],
 )
 def test_a_client_refuses_the_kinds_it_does_not_take_by_name(topic: str, kind: str) -> None:
     with pytest.raises(WireError, match=f"a client does not take {kind} messages"):
         _inbox(topic)
+
+
+def test_a_client_reads_the_runs_lease_to_know_its_coordinator_is_live() -> None:
+    assert _inbox(TOPICS.lease, Lease(True, "host", 7, 1.0).encode()) == Lease(True, "host", 7, 1.0)
+    with pytest.raises(WireError):
+        _inbox(TOPICS.lease, b"anything")
 
 
 def test_a_client_ignores_another_clients_status_and_refuses_its_downlink() -> None:
@@ -212,6 +228,7 @@ def test_the_watcher_reads_its_kinds_and_names_the_others() -> None:
     assert view.apply(TOPICS.site("kitchen"), b"\x01", 0.0) == ["rejected site/kitchen: topic"]
     assert view.apply(TOPICS.down_all(1), b"x", 0.0) == ["rejected round/1/down/all: topic"]
     assert view.apply(TOPICS.lease, b"anything", 0.0) == []
+    assert view.apply(TOPICS.manifest, b"anything", 0.0) == []
     assert view.apply(TOPICS.state, b"", 0.0) == []
     ack = Ack(1, "3", 0).encode(RUN)
     assert view.apply(TOPICS.ack(1, "3"), ack, 0.0) == []
