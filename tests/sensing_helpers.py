@@ -69,12 +69,17 @@ def last_metrics(run: Path, client: str) -> dict[str, Any]:
 
 
 class Recorder:
-    """Subscribes to everything on the broker and keeps (topic, payload, retain)."""
+    """Subscribes to everything on the broker and keeps (topic, payload, retain); with
+    ``env`` (a credentials file's MQTTFL_BROKER__* variables) it logs in as that identity."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, env: dict[str, str] | None = None) -> None:
         self.messages: list[tuple[str, bytes, bool]] = []
         self.lock = threading.Lock()
         self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"rec-{time.time()}")
+        if env is not None:
+            self.client.username_pw_set(
+                env["MQTTFL_BROKER__USERNAME"], env["MQTTFL_BROKER__PASSWORD"]
+            )
         self.client.on_message = self._on_message
         self.client.connect("127.0.0.1", port)
         self.client.subscribe("#", qos=1)

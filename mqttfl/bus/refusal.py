@@ -54,11 +54,20 @@ def login_refused(broker: str, username: str | None, rc: Any, origin: str) -> Re
     return Refused(f"the broker {broker} refused {user_text(username)}: {describe(rc)}{where}")
 
 
-def publish_refused(who: str, username: str | None, topic: str, rc: Any) -> Refused:
+# What a refused publish most likely means for a training device; a sensing device's
+# bus says what it means for a sensor (:mod:`mqttfl.sensing.identity`).
+CLIENT_HINT = (
+    "a device's --id, its credentials/<id>.env and the ACL's run id (broker init --run-id) "
+    "must agree"
+)
+
+
+def publish_refused(
+    who: str, username: str | None, topic: str, rc: Any, hint: str = CLIENT_HINT
+) -> Refused:
     return Refused(
         f"{who} ({user_text(username)}) may not publish to {topic}: the broker refused it, "
-        f"{describe(rc)}; a device's --id, its credentials/<id>.env and the ACL's run id "
-        "(broker init --run-id) must agree"
+        f"{describe(rc)}; {hint}"
     )
 
 

@@ -30,6 +30,7 @@ from paho.mqtt.properties import Properties
 
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.refusal import (
+    CLIENT_HINT,
     LOGIN_REFUSALS,
     SESSION_TAKEN_OVER,
     UNSUPPORTED_PROTOCOL,
@@ -132,8 +133,10 @@ class Bus:
         who: str | None = None,
         fresh_session: bool = False,
         events: str = "broker",
+        refusal_hint: str = CLIENT_HINT,
     ) -> None:
-        """``who`` names this process in the line a refusal prints (``client '3'``);
+        """``who`` names this process in the line a refusal prints (``client '3'``), and
+        ``refusal_hint`` what a refused publish likely means for it;
         ``fresh_session`` drops a persistent session the broker still holds for this
         client id (queued messages of an earlier run) on the first connect; ``events``
         prefixes the connection's log events (a short look is not the node's connection)."""
@@ -165,6 +168,7 @@ class Bus:
         self._lost = ConnectionLost()  # set when the current connection drops
         self._log = get_logger(component="bus", broker=str(address))
         self.who = who or identifier
+        self.refusal_hint = refusal_hint
         self.events = events
         self.fresh_session = fresh_session
         self.protocol = aiomqtt.ProtocolVersion.V5
@@ -480,7 +484,9 @@ class Bus:
             reason = acked.result()
             if getattr(reason, "is_failure", False):
                 raise self._fail(
-                    publish_refused(self.who, self.credentials.username, topic, reason)
+                    publish_refused(
+                        self.who, self.credentials.username, topic, reason, self.refusal_hint
+                    )
                 )
             return True
         if dropped in done:

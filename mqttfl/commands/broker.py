@@ -17,7 +17,9 @@ from mqttfl.provisioning.broker_init import (
     client_ids,
     init_broker,
     read_env_file,
+    watcher_names,
 )
+from mqttfl.provisioning.sensors import sensor_names
 from mqttfl.provisioning.sites import EdgeBridge, parse_bridges
 from mqttfl.wire.control import COORDINATOR
 from mqttfl.wire.ids import is_numeric_id
@@ -69,6 +71,19 @@ def add_broker_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="central broker: let site SITE's edge broker bridge in for clients IDS "
         "(repeatable; writes credentials/site-SITE.env for the edge)",
     )
+    init.add_argument(
+        "--sensors",
+        metavar="NAMES",
+        help="sensing devices, comma-separated: credentials/sensor-NAME.env for `mqttfl "
+        "sense --name NAME` (it may publish only its own readings) and gateway-NAME.env "
+        "for what feeds it frames on csi/NAME",
+    )
+    init.add_argument(
+        "--watchers",
+        metavar="NAMES",
+        help="more read-only identities besides 'watch', comma-separated: "
+        "credentials/watch-NAME.env each",
+    )
     init.add_argument("--site", help="write an edge broker for this site, bridged to --central")
     init.add_argument("--central", help="with --site: the central broker's URL")
     init.add_argument(
@@ -106,6 +121,8 @@ def check_ids_for_config(clients: list[str], config_path: str) -> str:
 
 def cmd_broker_init(args: argparse.Namespace) -> int:
     clients = client_ids(clients=args.clients, ids=args.ids)
+    sensors = sensor_names(args.sensors)
+    watchers = watcher_names(args.watchers)
     warning = check_ids_for_config(clients, args.config) if args.config else ""
     edge = _edge_bridge(args)
     setup = init_broker(
@@ -121,6 +138,8 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
         bridges=parse_bridges(args.bridge),
         edge=edge,
         unprivileged=True,
+        sensors=sensors,
+        watchers=watchers,
     )
     sys.stdout.write(
         f"broker files in {setup.out} ({len(clients)} clients + {COORDINATOR} + {WATCH})\n"
@@ -132,6 +151,16 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
         "  each device sources its own id's file only; keep those files private\n"
         f"  watch:  credentials/{WATCH}.env, then mqttfl watch --broker {setup.url} --run RUN\n"
     )
+    if watchers:
+        files = ", ".join(f"credentials/{w}.env" for w in watchers)
+        sys.stdout.write(f"  more watchers: {files}\n")
+    if sensors:
+        sys.stdout.write(
+            f"  sensor: set -a; . ./sensor-<name>.env; set +a; mqttfl sense EXPORT --name "
+            f"<name> --input mqtt:csi/<name> --broker {setup.url}\n"
+            f"          for {', '.join(sensors)}; its gateway publishes to csi/<name> with "
+            "credentials/gateway-<name>.env\n"
+        )
     if setup.run_as and setup.run_as != "root":
         sys.stdout.write(f"  mosquitto started as root drops to user {setup.run_as!r}\n")
     if setup.note:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
-from mqttfl.commands.common import broker_url, positive
-from mqttfl.errors import FileError, UsageError
+from mqttfl.commands.common import broker_url, credentials, positive
+from mqttfl.config import load_config
+from mqttfl.errors import UsageError
 from mqttfl.sensing.adapt import DEFAULT_BUFFER, DEFAULT_EVERY, DEFAULT_HORIZON_S
 
 
@@ -27,6 +27,9 @@ def add_sense_command(subparsers: Any) -> None:
     sense = subparsers.add_parser(
         "sense",
         help="run an exported model on CSI and publish each reading (Home Assistant discovery)",
+        description="Run an exported model on CSI and publish each reading. Its broker "
+        "credentials come from MQTTFL_BROKER__USERNAME/__PASSWORD (and __TLS_CA): `set -a; "
+        ". ./sensor-NAME.env; set +a` with the file `mqttfl broker init --sensors NAME` wrote.",
     )
     sense.add_argument("directory", type=Path, help="what `mqttfl export` wrote")
     sense.add_argument(
@@ -79,22 +82,15 @@ def add_sense_command(subparsers: Any) -> None:
     sense.add_argument(
         "--discovery-prefix", default="homeassistant", help="Home Assistant's discovery prefix"
     )
-    sense.add_argument("--username", help="broker user name")
-    sense.add_argument(
-        "--password-file",
-        type=Path,
-        help="file holding the broker password (or $MQTTFL_SENSE_PASSWORD)",
-    )
-    sense.add_argument("--tls-ca", help="CA certificate for mqtts://")
     sense.set_defaults(func=cmd_sense)
 
 
 def cmd_sense(args: argparse.Namespace) -> int:
-    from mqttfl.bus.address import BrokerAddress, Credentials
+    from mqttfl.bus.address import BrokerAddress
     from mqttfl.logs import configure_logging
-    from mqttfl.sensing.publish import check_discovery_prefix, check_name
     from mqttfl.sensing.runner import SenseOptions, Sensor
     from mqttfl.sensing.source import parse_source
+    from mqttfl.wire.sensors import check_discovery_prefix, check_name
 
     configure_logging(None, level="error")  # the sensor writes its own lines (dropped frames)
     try:  # before loading the model: both go into topics
@@ -105,18 +101,17 @@ def cmd_sense(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.readings is not None and args.readings < 1:
         raise UsageError("--readings must be a positive whole number")
-    password = os.environ.get("MQTTFL_SENSE_PASSWORD")
-    if args.password_file is not None:
-        try:
-            password = args.password_file.read_text().strip()
-        except OSError as exc:
-            raise FileError(f"--password-file {args.password_file}: {exc.strerror}") from None
     broker = BrokerAddress.parse(broker_url(args.broker)) if args.broker else None
+    who, connect_timeout_s = None, 10.0
+    if broker is not None:  # as every command: MQTTFL_BROKER__* (the sensor says so if refused)
+        config = load_config(None)
+        who, connect_timeout_s = credentials(config), config.broker.connect_timeout_s
     options = SenseOptions(
         directory=args.directory,
         source=parse_source(args.input),
         broker=broker,
-        credentials=Credentials(args.username, password, args.tls_ca),
+        credentials=who,
+        connect_timeout_s=connect_timeout_s,
         name=args.name,
         discovery_prefix=args.discovery_prefix,
         once=args.once,

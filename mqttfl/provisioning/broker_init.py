@@ -7,16 +7,19 @@ Written into ``--out``::
     acl                    per identity: the topics it may publish and subscribe to
     credentials/<id>.env   MQTTFL_BROKER__USERNAME / __PASSWORD (and __TLS_CA) for one
                            identity, mode 0600: ``set -a; . credentials/0.env; set +a``
-                           (``watch.env``: the read-only identity of `mqttfl watch`)
+                           (``watch.env``, ``watch-NAME.env``: read-only identities of
+                           `mqttfl watch`; ``sensor-NAME.env`` and ``gateway-NAME.env``:
+                           a sensing device and its gateway, :mod:`.sensors`)
     tls/                   with ``--tls``: a local CA (openssl) and the broker's certificate
 
 The ACL mirrors :mod:`mqttfl.wire.topics`. A client may publish only its own uplink,
 metrics and status, and subscribe only to the run's start/state/broadcast topics and
 its own downlink; the coordinator has its own identity with the run's rounds, state,
 statuses and lease (the only identity that may write the lease), and reads the sites'
-notices, which only each site's bridge identity may write; ``watch`` may read the whole
-run but publish nothing. Credentials reach mqttfl through the config file or the
-environment, never the command line.
+notices, which only each site's bridge identity may write; ``watch`` (and each
+``--watchers`` identity) may read the whole run but publish nothing; a sensor may
+publish only its own readings (:mod:`.sensors`). Credentials reach mqttfl through the
+config file or the environment, never the command line.
 
 What Mosquitto can bound per client is written into mosquitto.conf: the size of a
 message (``max_packet_size``), the QoS 1 messages a client may have in flight towards
@@ -38,11 +41,13 @@ import secrets
 import shutil
 import stat
 import subprocess
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mqttfl.errors import BrokerError, StateError, UsageError
 from mqttfl.paths import make_dir
+from mqttfl.provisioning.sensors import sensor_acl, sensor_identities, sensor_readers
 from mqttfl.provisioning.sites import (
     EdgeBridge,
     bridge_acl,
@@ -58,7 +63,7 @@ TOOL_TIMEOUT_S = 60.0
 # The longest keep-alive a client may ask for (MQTT 5 clients are told to use this one):
 # the last will of a device that vanished fires within 1.5 times it.
 MAX_KEEPALIVE_S = 120
-WATCH = "watch"  # the read-only identity of `mqttfl watch`
+WATCH = "watch"  # the read-only identity of `mqttfl watch`; --watchers adds watch-NAME
 
 
 @dataclass(frozen=True)
@@ -111,9 +116,27 @@ def client_ids(*, clients: int | None = None, ids: str | None = None) -> list[st
     return names
 
 
-def acl_text(clients: list[str], run_id: str | None) -> str:
-    """Mosquitto ACL: the coordinator owns the run, each client only its own topics."""
+def watcher_names(text: str | None) -> list[str]:
+    """``--watchers ana,ben`` as identities (``watch-ana``, ``watch-ben``)."""
+    if text is None:
+        return []
+    names = [s.strip() for s in text.split(",")]
+    if len(set(names)) != len(names):
+        raise UsageError(f"--watchers {text!r} names a watcher twice")
+    return [f"{WATCH}-{check_id(name, '--watchers: watcher name')}" for name in names]
+
+
+def acl_text(
+    clients: list[str],
+    run_id: str | None,
+    *,
+    watchers: list[str] | None = None,
+    sensors: list[str] | None = None,
+) -> str:
+    """Mosquitto ACL: the coordinator owns the run, each client only its own topics; the
+    watchers read, each sensor writes only its own readings."""
     base = f"mqttfl/{check_id(run_id, 'run id') if run_id else '+'}"
+    readers = sensor_readers() if sensors else []
     lines = [
         "# Written by `mqttfl broker init`. Anonymous clients get nothing (allow_anonymous false).",
         f"user {COORDINATOR}",
@@ -125,10 +148,9 @@ def acl_text(clients: list[str], run_id: str | None) -> str:
         f"topic read {base}/site/#",  # written by each site's bridge identity only
         "topic read $SYS/#",
         "",
-        f"user {WATCH}",
-        f"topic read {base}/#",
-        "",
     ]
+    for watcher in [WATCH, *(watchers or [])]:
+        lines += [f"user {watcher}", f"topic read {base}/#", *readers, ""]
     for client in clients:
         lines += [
             f"user {client}",
@@ -142,6 +164,8 @@ def acl_text(clients: list[str], run_id: str | None) -> str:
             f"topic read {base}/round/+/down/{client}",
             "",
         ]
+    for sensor in sensors or []:
+        lines += sensor_acl(sensor)
     return "\n".join(lines)
 
 
@@ -330,9 +354,13 @@ def init_broker(
     bridges: dict[str, list[str]] | None = None,
     edge: EdgeBridge | None = None,
     unprivileged: bool = False,
+    sensors: list[str] | None = None,
+    watchers: list[str] | None = None,
 ) -> BrokerSetup:
     """Write a locked-down broker. ``bridges`` (central side): a bridge identity and ACL
-    per site; ``edge``: this broker is that site's edge, bridged to the central one.
+    per site; ``edge``: this broker is that site's edge, bridged to the central one;
+    ``sensors``: an identity per sensing device and one per its gateway; ``watchers``:
+    read-only identities besides ``watch`` (``watch-NAME``, from :func:`watcher_names`).
     ``unprivileged``: a mosquitto started as root drops to an unprivileged user (who
     then owns the files it needs), where that user can reach ``out``."""
     if port is not None and not 1 <= port <= 65535:
@@ -354,16 +382,25 @@ def init_broker(
             raise UsageError(
                 f"--bridge {site}: ids {sorted(set(members) - set(clients))} are not clients"
             )
-    passwords = {
-        COORDINATOR: secrets.token_urlsafe(24),
-        WATCH: secrets.token_urlsafe(24),
-        **{c: secrets.token_urlsafe(24) for c in clients},
-        **{bridge_identity(site): secrets.token_urlsafe(24) for site in bridges},
-    }
+    identities = [
+        COORDINATOR,
+        WATCH,
+        *(watchers or []),
+        *clients,
+        *(bridge_identity(site) for site in bridges),
+        *sensor_identities(sensors or []),
+    ]
+    twice = sorted(i for i, n in Counter(identities).items() if n > 1)
+    if twice:
+        raise UsageError(
+            f"identity {twice[0]!r} would be made twice (a client id that is also a "
+            "watcher's, site's or sensor's identity): rename one"
+        )
+    passwords = {identity: secrets.token_urlsafe(24) for identity in identities}
     write_password_file(out / "passwd", passwords)
     if tls:
         make_tls(out / "tls", hostnames or ["localhost", "127.0.0.1"])
-    acl = acl_text(clients, run_id)
+    acl = acl_text(clients, run_id, watchers=watchers, sensors=sensors)
     for site, members in bridges.items():
         acl += "\n" + "\n".join(bridge_acl(site, members, run_id))
     _write_private(out / "acl", acl)

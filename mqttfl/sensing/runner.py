@@ -51,13 +51,13 @@ from mqttfl.sensing.adapt import (
     StreamAdapter,
 )
 from mqttfl.sensing.gateway import REPORTED_DROPS, GatewayFrames
+from mqttfl.sensing.identity import frames_note, refusal_hint, sensor_credentials
 from mqttfl.sensing.inlet import FrameInlet
 from mqttfl.sensing.model import Reading, SensorModel
 from mqttfl.sensing.pipeline import Window, Windower, capture_rows
 from mqttfl.sensing.publish import (
     OFFLINE,
     ONLINE,
-    SensorTopics,
     default_name,
     discovery_config,
     encode,
@@ -69,6 +69,7 @@ from mqttfl.sensing.replay import guess_format, read_capture_file, read_shard, r
 from mqttfl.sensing.source import CaptureSource, MqttSource, ShardSource, Source
 from mqttfl.sensing.spec import SensorSpec, load_spec
 from mqttfl.training.metrics import classification_report
+from mqttfl.wire.sensors import SensorTopics
 
 GOODBYE_S = 5.0  # to publish `offline` on the way out
 STOP_CODES = {"SIGTERM": 0, "SIGINT": 130}  # the exit code after a clean stop
@@ -123,6 +124,7 @@ class Sensor:
             self.topics = SensorTopics(name, options.discovery_prefix)
         except ValueError as exc:  # a name or prefix no topic can hold: one line
             raise UsageError(str(exc)) from None
+        self.credentials = sensor_credentials(options.credentials, self.topics)
         self.model = SensorModel(options.directory, self.spec, threads=options.threads)
         self.adapting: StreamAdapter | None = None
         if self.model.adapter is not None:
@@ -362,9 +364,12 @@ class Sensor:
         o = self.options
         assert o.broker is not None
         assert self.bus is not None
+        note = frames_note(self.credentials.username, self.topics, o.source.target)
+        if note is not None:
+            self._say(note)
         self.inlet = FrameInlet(
             o.broker,
-            o.credentials or Credentials(),
+            self.credentials,
             topic=o.source.target,
             client_id=f"{self.topics.client_id}.frames",
             mqtt5=self.bus.protocol is aiomqtt.ProtocolVersion.V5,
@@ -392,8 +397,10 @@ class Sensor:
             subscriptions=[],
             will=(self.topics.availability, OFFLINE),
             birth=self._birth,
-            credentials=o.credentials,
+            credentials=self.credentials,
             connect_timeout_s=o.connect_timeout_s,
+            who=f"sensor {self.topics.name!r}",
+            refusal_hint=refusal_hint(self.credentials.username, self.topics),
         )
 
     async def run(self) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from mqttfl.errors import UsageError
-from mqttfl.sensing.publish import shown
+from mqttfl.wire.sensors import shown
 
 MAX_TOPIC_BYTES = 65_535  # MQTT's limit on a topic
 
