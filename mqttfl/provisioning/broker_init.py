@@ -142,6 +142,7 @@ def acl_text(
         f"user {COORDINATOR}",
         f"topic readwrite {base}/state",
         f"topic readwrite {base}/lease",
+        f"topic readwrite {base}/manifest",
         f"topic readwrite {base}/probe/#",
         f"topic readwrite {base}/status/#",
         f"topic readwrite {base}/round/#",
@@ -159,6 +160,8 @@ def acl_text(
             f"topic write {base}/round/+/up/{client}",
             f"topic write {base}/round/+/metrics/{client}",
             f"topic read {base}/state",
+            f"topic read {base}/manifest",  # the run's settings: a device needs no config
+            f"topic read {base}/lease",  # whether the run still has a live coordinator
             f"topic read {base}/round/+/start",
             f"topic read {base}/round/+/down/{BROADCAST}",
             f"topic read {base}/round/+/down/{client}",
