@@ -27,6 +27,8 @@ printed as one line, never a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class MqttflError(Exception):
     """Base class of all deliberate mqttfl errors."""
@@ -106,14 +108,26 @@ class BrokerError(MqttflError):
     """The MQTT broker could not be started or reached."""
 
 
-def first_mqttfl_error(error: BaseException) -> MqttflError | None:
-    """The first deliberate error inside an exception group (asyncio.TaskGroup wraps what
-    its tasks raise), so the edge can print it as one line."""
-    if isinstance(error, MqttflError):
-        return error
+def first_mqttfl_error(
+    error: BaseException, *, prefer: type[MqttflError] = MqttflError
+) -> MqttflError | None:
+    """The deliberate error inside ``error`` (asyncio.TaskGroup wraps what its tasks
+    raise in exception groups, nested), so the edge can print it as one line: the first
+    leaf of type ``prefer`` (depth first), else the first :class:`MqttflError`, else
+    None. ``prefer`` names the root cause where a group holds its consequences too: a
+    refusal by the broker (:class:`mqttfl.bus.refusal.Refused`) stops the bus, and a
+    publish waiting on that bus then fails as well."""
+    leaves = list(_leaves(error))
+    for wanted in (prefer, MqttflError):
+        for leaf in leaves:
+            if isinstance(leaf, wanted):
+                return leaf
+    return None
+
+
+def _leaves(error: BaseException) -> Iterator[BaseException]:
     if isinstance(error, BaseExceptionGroup):
         for inner in error.exceptions:
-            found = first_mqttfl_error(inner)
-            if found is not None:
-                return found
-    return None
+            yield from _leaves(inner)
+    else:
+        yield error

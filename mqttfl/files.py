@@ -10,6 +10,8 @@
   ``<file>.partial-<time>`` and cuts the file back to its last complete line, so the next
   append starts a line of its own; nothing is destroyed.
 - :func:`set_aside` renames a file that cannot be used to ``<file>.<label>-<time>``.
+  :func:`set_aside_dir` renames a run directory that starts afresh to
+  ``<dir>.previous-<time>`` and makes it again, empty.
 
 Every reader turns what it cannot read into one :class:`~mqttfl.errors.DataError` naming
 the file and what is wrong, never a traceback.
@@ -25,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mqttfl.errors import DataError
+from mqttfl.errors import DataError, FileError
 from mqttfl.logs import get_logger
+from mqttfl.paths import make_dir
 
 __all__ = [
     "JsonLines",
@@ -110,6 +113,20 @@ def set_aside(path: Path, label: str) -> Path:
     aside = path.with_name(f"{path.name}.{label}-{stamp()}")
     os.replace(path, aside)
     return aside
+
+
+def set_aside_dir(path: Path, *, what: str) -> Path | None:
+    """Rename the directory ``path`` to ``<name>.previous-<time>`` beside it and create
+    ``path`` again, empty: nothing in it is deleted. Returns where its files went (None if
+    it held nothing, when it is left as it is)."""
+    if not path.is_dir() or not any(path.iterdir()):
+        return None
+    try:
+        kept = set_aside(Path(os.path.abspath(path)), "previous")
+    except OSError as exc:
+        raise FileError(f"{what} {path}: cannot set it aside: {exc.strerror or exc}") from None
+    make_dir(path, what=what)
+    return kept
 
 
 def read_bytes(path: Path) -> bytes:

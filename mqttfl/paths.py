@@ -1,4 +1,5 @@
-"""Output directories named on the command line: checked before anything is written.
+"""Output directories named on the command line: checked before anything is written
+(or, for a run that starts afresh in one, before it is set aside).
 
 A path the user cannot write to (a regular file in the way, a read-only parent) is a
 user error, reported as one line that names the path, never as an ``OSError`` traceback.
@@ -42,3 +43,22 @@ def make_dir(path: Path, *, what: str) -> Path:
     if problem is not None:
         raise FileError(f"{what} {path}: cannot create the directory: {problem}")
     return path
+
+
+def check_set_aside(path: Path, *, what: str) -> None:
+    """Raise :class:`FileError` naming ``what`` unless the directory ``path`` could be
+    renamed beside itself (:func:`mqttfl.files.set_aside_dir`): its parent is writable,
+    and it is not (nor does it hold) the working directory, which would move with it."""
+    here = Path(os.path.abspath(path))
+    cwd = Path.cwd()
+    if here == cwd or here in cwd.parents:
+        raise FileError(
+            f"{what} {path}: the directory you are in (or one holding it) cannot be set "
+            "aside; name the run directory from outside it"
+        )
+    if not here.exists():
+        return
+    if not here.is_dir():
+        raise FileError(f"{what} {path}: not a directory")
+    if not os.access(here.parent, os.W_OK | os.X_OK):
+        raise FileError(f"{what} {path}: cannot set it aside: {here.parent} is not writable")

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from mqttfl.bus.refusal import Refused
 from mqttfl.commands import common
 from mqttfl.commands import main as cli
 from mqttfl.commands import models as models_command
-from mqttfl.errors import ConfigError, MqttflError
+from mqttfl.errors import BrokerError, ConfigError, MqttflError, first_mqttfl_error
 from tests.helpers import mqttfl
 
 CONFIG = "configs/fedapa-csi.toml"
@@ -182,8 +183,17 @@ def test_first_mqttfl_error_is_found_in_nested_groups() -> None:
     group = ExceptionGroup(
         "outer", [ValueError("noise"), ExceptionGroup("inner", [KeyError("k"), inner])]
     )
-    assert common.first_mqttfl_error(group) is inner
-    assert common.first_mqttfl_error(ExceptionGroup("none", [ValueError("v")])) is None
+    assert first_mqttfl_error(group) is inner
+    assert first_mqttfl_error(inner) is inner
+    assert first_mqttfl_error(ExceptionGroup("none", [ValueError("v")])) is None
+
+
+def test_a_refusal_is_named_over_what_it_caused() -> None:
+    stopped = BrokerError("could not publish to t: the bus has stopped")
+    refused = Refused("the broker refused user 'x': not authorized")
+    group = ExceptionGroup("outer", [stopped, ExceptionGroup("inner", [refused])])
+    assert first_mqttfl_error(group) is stopped
+    assert first_mqttfl_error(group, prefer=Refused) is refused
 
 
 def _fail_in_task_group(error: BaseException) -> None:

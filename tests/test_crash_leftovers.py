@@ -2,10 +2,10 @@
 
 Before: a ``metrics.jsonl`` ending in a partial line (a kill during a write) made the
 restarted coordinator die with a JSONDecodeError traceback; a ``checkpoint.msgpack`` cut
-short gave an "Unpack failed" traceback, and with ``--clear-run`` only after the run's
-retained messages were cleared. Now the partial line is set aside and the run resumes, a
-checkpoint that does not decode falls back to the previous one, and when none decodes
-the coordinator says so in one line before it touches the broker.
+short gave an "Unpack failed" traceback. Now the partial line is set aside and the run
+resumes, a checkpoint that does not decode falls back to the previous one, and when none
+decodes the coordinator says so in one line, naming ``--clear-run`` (which starts afresh
+and sets the run dir aside), before it touches the broker.
 (The live drill, ten ``kill -9`` at random points, is tests/test_crash_kill9.py.)
 """
 
@@ -108,7 +108,7 @@ def _retained(broker: LocalBroker, topic: str) -> list[bytes]:
         return [m.payload for m in found]
 
 
-def test_no_checkpoint_that_decodes_is_one_line_and_clear_run_clears_nothing(
+def test_no_checkpoint_that_decodes_is_one_line_and_the_broker_is_untouched(
     finished: Path, broker: LocalBroker, tmp_path: Path
 ) -> None:
     out = copy_run(finished, tmp_path / "run")
@@ -126,11 +126,12 @@ def test_no_checkpoint_that_decodes_is_one_line_and_clear_run_clears_nothing(
     publisher.loop_stop()
     publisher.disconnect()
 
-    result = mqttfl(*coordinator(out, broker.url, "--clear-run"), timeout=300)
+    result = mqttfl(*coordinator(out, broker.url), timeout=300)
 
     line = one_line_error(result)
     assert f"{out / 'checkpoint.msgpack'}: does not decode" in line, line
     assert f"{out / 'checkpoint.prev.msgpack'}: does not decode" in line, line
+    assert "start the run afresh with --clear-run" in line, line
     after = snapshot(out)
     assert {k: v for k, v in after.items() if not k.startswith("logs/")} == before
     assert _retained(broker, state_topic) == [retained]  # checked before anything cleared

@@ -399,7 +399,6 @@ def test_broker_init_lets_only_the_coordinator_write_the_lease_and_a_bridge_its_
                 claim_run(
                     config,
                     BrokerAddress.parse(setup.url),
-                    tmp_path / "fresh",
                     credentials=credentials,
                     clear=True,
                 )

@@ -243,6 +243,10 @@ class Bus:
         try:
             await asyncio.wait({session, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            if self._fatal.done():
+                # Seen even when we are cancelled: the publish it refused has raised it to
+                # its caller, who stops us (asyncio would print it as never retrieved).
+                self._fatal.exception()
             if not session.done():
                 session.cancel()
                 await asyncio.wait({session})

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.config import RunConfig
-from mqttfl.errors import BrokerError, MqttflError, UsageError
+from mqttfl.errors import BrokerError, UsageError
 from mqttfl.logs import configure_logging
 
 RESOLVE_TIMEOUT_S = 10.0
@@ -129,22 +129,6 @@ def credentials(config: RunConfig, identity: str | None = None) -> Credentials:
         f"`set -a; . {env}; set +a` with the {env} that `mqttfl broker init` wrote"
     )
     return Credentials(b.username, b.password, b.tls_ca, b.tls_cert, b.tls_key, origin)
-
-
-def first_mqttfl_error(group: BaseExceptionGroup[BaseException]) -> MqttflError | None:
-    """The first :class:`MqttflError` among the leaves of ``group`` (depth first), or None.
-
-    ``asyncio.TaskGroup`` wraps what its tasks raise in an ``ExceptionGroup``; the user
-    error inside is what the command line reports.
-    """
-    for exc in group.exceptions:
-        if isinstance(exc, MqttflError):
-            return exc
-        if isinstance(exc, BaseExceptionGroup):
-            found = first_mqttfl_error(exc)
-            if found is not None:
-                return found
-    return None
 
 
 def add_many_clients_args(parser: argparse.ArgumentParser) -> None:

@@ -17,11 +17,14 @@ from mqttfl.commands.common import (
     watch_parent,
 )
 from mqttfl.config import RunConfig, load_config
+from mqttfl.errors import StateError
+from mqttfl.files import set_aside_dir
 from mqttfl.logs import get_logger
-from mqttfl.paths import make_dir
+from mqttfl.paths import check_set_aside, make_dir
 
 if TYPE_CHECKING:
     from mqttfl.engine.documents import RunSummary
+    from mqttfl.engine.state import Resume
 
 
 def add_coordinator_command(subparsers: Any) -> None:
@@ -40,7 +43,9 @@ def add_coordinator_command(subparsers: Any) -> None:
         "--clear-run",
         action="store_true",
         help="start the run id afresh: clear the retained messages a finished or abandoned "
-        "run left on the broker under this run id (never while its coordinator is live)",
+        "run left on the broker under this run id (never while its coordinator is live), "
+        "and set what --out holds aside, renamed to OUT.previous-<time> (nothing is "
+        "deleted); the run id stays, so a broker ACL from `broker init --run-id` still fits",
     )
     coord.add_argument(
         "--local-reference",
@@ -54,20 +59,23 @@ def add_coordinator_command(subparsers: Any) -> None:
 def cmd_coordinator(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     broker = broker_address(args)
+    if args.clear_run:
+        check_set_aside(args.out, what="--out")
     make_dir(args.out, what="--out")
     _check_shapes(config)
-    from mqttfl.engine.journal import Journal
-    from mqttfl.engine.state import check_resume
     from mqttfl.nodes.run_lease import claim_run
 
+    earlier = args.clear_run and any(args.out.iterdir())  # before our log lands in it
     setup_logging(config, "coordinator", args.out)
     watch_parent()
     identity = credentials(config, "coordinator")
-    # Everything --out holds is read (and found usable) before the broker is touched, so
-    # --clear-run never clears a run it then cannot start; nothing in --out changes until
-    # the run is ours.
-    resume = check_resume(Journal(args.out), config)
-    asyncio.run(claim_run(config, broker, args.out, credentials=identity, clear=args.clear_run))
+    # Everything --out holds is read (and found usable) before the broker is touched, and
+    # nothing in --out changes until the run is ours. With --clear-run none of it is read:
+    # it is set aside once the run is claimed and its retained messages are cleared.
+    resume = None if args.clear_run else _resume(config, args.out)
+    asyncio.run(claim_run(config, broker, credentials=identity, clear=args.clear_run))
+    if earlier:
+        _start_afresh(config, args.out)
     from mqttfl.nodes.coordinator import Coordinator
 
     coordinator = Coordinator(
@@ -82,6 +90,30 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     if summary and not os.environ.get("MQTTFL_PARENT_PID"):  # `mqttfl run` prints its own
         _print_table(config, summary, args.out, train=args.local_reference)
     return 0
+
+
+def _resume(config: RunConfig, out: Path) -> Resume:
+    """Where the run in ``out`` goes on from; a run dir it cannot go on from is one line
+    that also names the way to start afresh."""
+    from mqttfl.engine.journal import Journal
+    from mqttfl.engine.state import check_resume
+
+    try:
+        return check_resume(Journal(out), config)
+    except StateError as exc:
+        raise StateError(
+            f"{exc}; or start the run afresh with --clear-run, which sets what --out holds aside"
+        ) from None
+
+
+def _start_afresh(config: RunConfig, out: Path) -> None:
+    """Set the earlier run's files aside, and start this run's log in the emptied ``out``
+    (what this process logged until now, clearing that run, stays with it)."""
+    kept = set_aside_dir(out, what="--out")
+    setup_logging(config, "coordinator", out)
+    get_logger(run_id=config.run_id, client_id="coordinator").warning(
+        "run.set_aside", out=str(out), kept_as=None if kept is None else str(kept)
+    )
 
 
 def _check_shapes(config: RunConfig) -> None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mqttfl.bus.refusal import Refused
 from mqttfl.commands.broker import add_broker_commands
 from mqttfl.commands.client import add_client_command
 from mqttfl.commands.clients import add_clients_command
-from mqttfl.commands.common import first_mqttfl_error
 from mqttfl.commands.compare import add_compare_command
 from mqttfl.commands.coordinator import add_coordinator_command
 from mqttfl.commands.data import add_data_commands
@@ -27,7 +27,7 @@ from mqttfl.commands.report import add_report_command
 from mqttfl.commands.run import add_run_command
 from mqttfl.commands.sense import add_sense_command
 from mqttfl.commands.watch import add_watch_command
-from mqttfl.errors import MqttflError
+from mqttfl.errors import MqttflError, first_mqttfl_error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         sys.stderr.write(f"mqttfl: error: {missing_package_message(_command(args), package)}\n")
         return 2
-    except BaseExceptionGroup as group:
-        error = first_mqttfl_error(group)
+    except BaseExceptionGroup as group:  # asyncio.TaskGroup's; a refusal is the root cause
+        error = first_mqttfl_error(group, prefer=Refused)
         package = missing_package(group)
         if error is not None:
             message = str(error)

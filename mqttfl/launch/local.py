@@ -8,6 +8,11 @@ run in their own sessions and are terminated (then killed) by us, and each child
 exits by itself if this process disappears (MQTTFL_PARENT_PID).  If every client exits
 while the coordinator still runs (a bad shard makes each one fail at start), the run
 stops with an error instead of waiting for clients that will never come.
+
+A run that fails says why in one line: the error line of the process that ended it (a
+broker that refuses the run's credentials refuses every process, and each would say so),
+kept from its stderr by :mod:`mqttfl.launch.relay`; the rest of what they write is
+passed on.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import TYPE_CHECKING
 from mqttfl.config import RunConfig
 from mqttfl.engine.documents import RunSummary, read_summary
 from mqttfl.errors import RunAborted, UsageError
+from mqttfl.launch.relay import DRAIN_S, StderrRelay
 from mqttfl.logs import get_logger
 from mqttfl.provisioning.broker_init import WATCH
 from mqttfl.provisioning.local_broker import LocalBroker, free_port
@@ -95,6 +101,7 @@ class LocalFederation:
         self.credentials_dir: Path | None = None  # the local broker's <id>.env files
         self.broker: LocalBroker | None = None
         self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.relays: dict[str, StderrRelay] = {}  # each child's stderr, read as it comes
         self.credentials: dict[str, dict[str, str]] = {}  # per identity, for the local broker
         self.log = get_logger(run_id=config.run_id, client_id="launcher")
 
@@ -137,9 +144,21 @@ class LocalFederation:
             "MQTTFL_CONSOLE_LEVEL": console_level,
             "MQTTFL_LOG_DIR": str(self.out_dir / "logs"),
         }
-        self.children[name] = subprocess.Popen(
-            cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL
+        child = subprocess.Popen(
+            cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
+        self.children[name] = child
+        assert child.stderr is not None
+        self.relays[name] = StderrRelay(name, child.stderr)
+
+    def _failed(self, what: str, names: list[str], *, otherwise: str) -> RunAborted:
+        """The run's one line: ``what`` failed, with the first error line of ``names``
+        (the processes that did); ``otherwise`` when none of them wrote one."""
+        for name in names:
+            line = self.relays[name].error() if name in self.relays else None
+            if line is not None:
+                return RunAborted(f"{what}: {line}")
+        return RunAborted(otherwise)
 
     def start_clients(self, ids: list[str]) -> None:
         """One `mqttfl clients` parent that forks a process per client (each still its own
@@ -208,8 +227,9 @@ class LocalFederation:
             with self._monitor():
                 code = self._wait_coordinator()
             if code != 0:
-                raise RunAborted(
-                    f"the coordinator failed (exit {code}); see {self.out_dir / 'logs'}"
+                failed = f"the coordinator failed (exit {code})"
+                raise self._failed(
+                    failed, ["coordinator"], otherwise=f"{failed}; see {self.out_dir / 'logs'}"
                 )
             self._wait_clients(CHILD_GRACE_S)
             return read_summary(self.out_dir / "summary.json")
@@ -254,9 +274,12 @@ class LocalFederation:
                 logs = self.out_dir / "logs"
                 if 0 not in codes.values():
                     self.log.error("clients.all_exited", exit_codes=codes)
-                    raise RunAborted(
-                        f"every client exited ({_describe_exits(codes)}) while the "
-                        f"coordinator was still running; see their logs in {logs}"
+                    exited = f"every client exited ({_describe_exits(codes)})"
+                    raise self._failed(
+                        exited,
+                        list(codes),
+                        otherwise=f"{exited} while the coordinator was still running; see "
+                        f"their logs in {logs}",
                     )
                 all_gone_since = all_gone_since or time.monotonic()
                 if time.monotonic() - all_gone_since > grace:
@@ -287,6 +310,9 @@ class LocalFederation:
             except subprocess.TimeoutExpired:
                 _signal_group(child, signal.SIGKILL)
                 child.wait()
+        deadline = time.monotonic() + DRAIN_S
+        for relay in self.relays.values():
+            relay.close(timeout=max(0.1, deadline - time.monotonic()))
         if self.broker is not None:
             self.broker.stop()
 

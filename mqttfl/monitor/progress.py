@@ -10,7 +10,9 @@ closed round instead. :class:`ReferenceProgress` then shows the Local reference'
 training: a bar with an ETA on a terminal, one line per round otherwise.
 
 Nothing here decides anything: a view that cannot connect shows that, and the run goes
-on (its table comes from the coordinator's summary, not from this view).
+on (its table comes from the coordinator's summary, not from this view). A view the
+broker refuses stops, with a line in the launcher's log only: the run's own processes
+meet the same refusal, and the launcher reports theirs.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from rich.text import Text
 
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.transport import Bus
+from mqttfl.errors import first_mqttfl_error
+from mqttfl.logs import get_logger
 from mqttfl.monitor.view import REFRESH_PER_S, FederationView, listen, render, watch_topics
 
 POLL_S = 0.25  # how often the monitor thread looks at its stop flag
@@ -166,7 +170,13 @@ class RunMonitor:
         self.console.file.flush()
 
     def _main(self) -> None:
-        asyncio.run(self._watch())
+        try:
+            asyncio.run(self._watch())
+        except Exception as exc:
+            error = first_mqttfl_error(exc)
+            if error is None:
+                raise
+            get_logger().warning("view.stopped", error=str(error))
 
     async def _watch(self) -> None:
         def on_connection(up: bool) -> None:

@@ -18,7 +18,11 @@ turns on the cores instead of fighting for them while the event loop keeps every
 session alive.
 
 A runner that fails (an exception out of it) is logged and stops alone; if it had
-announced itself, it says ``offline`` first, so the coordinator does not wait for it.
+announced itself, it says ``offline`` first, so the coordinator does not wait for it. A
+runner the broker refuses (its login, or a publish its ACL denies) stops the whole
+fleet instead, every other runner saying ``offline``, with that refusal as the command's
+one line (exit 2), as `mqttfl client` would: a mistake of the setup, which no runner gets
+past by retrying.
 Killing the whole process is a mass dropout: the broker fires every runner's last
 will, as when a site loses power.
 
@@ -37,9 +41,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mqttfl.bus.address import BrokerAddress, Credentials
+from mqttfl.bus.refusal import Refused
 from mqttfl.bus.transport import Bus
 from mqttfl.config import RunConfig
-from mqttfl.errors import BrokerError, MqttflError, UsageError
+from mqttfl.errors import BrokerError, MqttflError, UsageError, first_mqttfl_error
 from mqttfl.logs import get_logger
 from mqttfl.provisioning.broker_init import read_env_file
 from mqttfl.wire import check_id
@@ -242,7 +247,9 @@ class Fleet:
         torch.set_num_threads(1)
 
     async def run(self) -> dict[str, str]:
-        """Run every built runner to its end; return the ones that failed, with why."""
+        """Run every built runner to its end; return the ones that failed, with why.
+        Raise :class:`Refused` (in a task group's exception group) when the broker
+        refused one: the others are stopped then."""
         self.log.info(
             "fleet.started",
             clients=len(self.runners),
@@ -268,6 +275,12 @@ class Fleet:
         try:
             await runner.run()
         except Exception as exc:
+            refusal = first_mqttfl_error(exc, prefer=Refused)
+            if isinstance(refusal, Refused):
+                self.log.warning(
+                    "fleet.client_refused", client=runner.client_id, error=str(refusal)
+                )
+                raise Refused(str(refusal)) from None  # the task group stops the others
             reason = self._failed(runner.client_id, exc, stage="run")
             await self._say_offline(runner, reason)
 

@@ -18,6 +18,11 @@ forwards SIGTERM and SIGINT to them. It holds no thread while it forks (a forked
 keeps only the forking thread, and a lock held by another would never be released).
 It exits 0 if any client finished its run, 1 if none did; if the process that started
 it (MQTTFL_PARENT_PID) goes away, it stops its clients and exits.
+
+A client the broker refuses (its login, or a publish its ACL denies) says so to the
+parent on a pipe instead of on stderr: the parent stops every client and exits with that
+one line (exit 2), as `mqttfl client` would, not with a line (or a traceback) per client;
+a refusal is a mistake of the setup that no client can get past by retrying.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ from pathlib import Path
 from types import FrameType
 
 from mqttfl.bus.address import BrokerAddress, Credentials
+from mqttfl.bus.refusal import Refused
 from mqttfl.config import RunConfig
-from mqttfl.errors import MqttflError
+from mqttfl.errors import MqttflError, first_mqttfl_error
+from mqttfl.files import one_line
 from mqttfl.logs import get_logger
 
 POLL_S = 0.1
@@ -45,6 +52,9 @@ STARTING_AT_ONCE = 4
 #: a child counts as started once its shard is built and its runner is up; the parent
 #: waits at most this long for that before it forks the next batch
 START_WAIT_S = 60.0
+#: a refusal's line on the pipe to the parent: one write of at most PIPE_BUF bytes is
+#: never interleaved with another child's
+REPORT_BYTES = 4000
 
 
 def preload(config: RunConfig) -> None:
@@ -87,6 +97,11 @@ class Forks:
         self.children: dict[int, str] = {}  # pid -> client id
         self.codes: dict[str, int] = {}  # client id -> exit code (negative: signal)
         self.stopping = False
+        self.refusals: dict[str, str] = {}  # client id -> the broker's refusal, in order
+        self._reports = os.pipe()  # children's refusals: (read end, write end)
+        self._partial = b""
+        for end in self._reports:
+            os.set_blocking(end, False)
         self.log = get_logger(run_id=config.run_id, client_id="clients")
         self.launcher = int(os.environ.get("MQTTFL_PARENT_PID") or 0)
 
@@ -114,8 +129,15 @@ class Forks:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self._stop_all()
+            self._read_reports()
+            for end in self._reports:
+                os.close(end)
         finished = sum(1 for code in self.codes.values() if code == 0)
         self.log.info("clients.exited", finished=finished, failed=len(self.codes) - finished)
+        if self.refusals:
+            first, *others = self.refusals.values()
+            more = f" ({len(others)} more clients were refused)" if others else ""
+            raise Refused(first + more)
         return 0 if finished else 1
 
     def _fork(self, client_id: str) -> None:
@@ -143,7 +165,25 @@ class Forks:
         except OSError:
             return False
 
+    def _read_reports(self) -> None:
+        """Take the refusals children wrote on the pipe; the first stops every client."""
+        while True:
+            try:
+                chunk = os.read(self._reports[0], 65536)
+            except (BlockingIOError, OSError):
+                break
+            if not chunk:
+                break
+            *lines, self._partial = (self._partial + chunk).split(b"\n")
+            for line in lines:
+                client_id, _, message = line.decode(errors="replace").partition("\t")
+                self.refusals.setdefault(client_id, message)
+                self.log.warning("client.refused", client=client_id, error=message)
+        if self.refusals and not self.stopping:
+            self._forward(signal.SIGTERM, None)
+
     def _reap(self, *, block: bool) -> None:
+        self._read_reports()
         while self.children:
             try:
                 pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
@@ -190,6 +230,7 @@ class Forks:
         """A client device's life; never returns into the parent's code."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
+        os.close(self._reports[0])
         try:
             _name_process(f"client-{client_id}")
             os.environ["MQTTFL_PARENT_PID"] = str(os.getppid())
@@ -203,19 +244,32 @@ class Forks:
                 state_dir=self.state_dir,
                 credentials=self.credentials.get(client_id),
             )
-        except MqttflError as exc:
-            sys.stderr.write(f"mqttfl: error: client {client_id}: {exc}\n")
-            return 2
         except SystemExit as exc:
             return exc.code if isinstance(exc.code, int) else 1
         except KeyboardInterrupt:
             return 130
-        except BaseException:
-            traceback.print_exc()
-            return 1
+        except BaseException as exc:  # a client's task group wraps what stopped it
+            error = first_mqttfl_error(exc, prefer=Refused)
+            if error is None:
+                traceback.print_exc()
+                return 1
+            self._report(client_id, error)
+            return 2
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
+
+    def _report(self, client_id: str, error: MqttflError) -> None:
+        """A refusal goes to the parent, which says it once for all; any other error
+        is this client's own line."""
+        if isinstance(error, Refused):
+            line = f"{client_id}\t{one_line(error, limit=REPORT_BYTES // 4)}\n".encode()
+            try:
+                os.write(self._reports[1], line)
+                return
+            except OSError:
+                pass  # the pipe is full: the line goes to stderr instead
+        sys.stderr.write(f"mqttfl: error: client {client_id}: {one_line(error, limit=2000)}\n")
 
 
 def _name_process(name: str) -> None:

@@ -3,8 +3,10 @@
 :func:`claim_run` looks at the broker on a connection of its own (never under the
 coordinator's client id, which would take a live coordinator's session over) and stops
 with one line when the run already has a live coordinator, or when the run id belongs
-to a finished run; ``clear`` (``--clear-run``) first removes a finished or abandoned
-run's retained messages, so the run id starts afresh.
+to a finished run; ``clear`` (``--clear-run``) removes a finished or abandoned run's
+retained messages instead, so the run id starts afresh (the command then sets the old
+run directory aside). Starting afresh under the same run id is what a locked broker
+allows: its ACL names the run id (``broker init --run-id``).
 
 A live lease is a claim, not proof (on an open broker anyone can publish one): the
 holder is asked (:func:`holder_answers`), and a lease nobody answers for by the time the
@@ -25,7 +27,6 @@ import secrets
 import socket
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Literal, TypeVar
 
 from mqttfl.bus.address import BrokerAddress, Credentials
@@ -57,9 +58,12 @@ def finished_text(run_id: str, status: RunStatus, broker: BrokerAddress) -> str:
     when = f"at {utc(status.finished_at)}" if status.finished_at is not None else "earlier"
     return (
         f"run {run_id!r} already finished {when} (round {status.round}): the broker {broker} "
-        "still holds its final state. To run again, give the coordinator and every client "
-        "a new run id (--set run_id=NEW), or start the coordinator with --clear-run "
-        "(and a new --out) to clear that run's retained messages"
+        "still holds its final state. To start it again, run `mqttfl coordinator --clear-run` "
+        "with the same --out (it clears the run's retained messages and sets the old run "
+        "directory aside; the run id stays, so a broker ACL from `broker init --run-id` still "
+        "fits), then the clients as before; or give the coordinator and every client a new "
+        "run id (--set run_id=NEW), which a locked broker must allow first "
+        "(broker init --run-id NEW)"
     )
 
 
@@ -70,7 +74,6 @@ def my_lease() -> Lease:
 async def claim_run(
     config: RunConfig,
     broker: BrokerAddress,
-    out_dir: Path,
     *,
     credentials: Credentials | None = None,
     clear: bool = False,
@@ -113,15 +116,9 @@ async def claim_run(
             )
     status = _decoded(held.get(topics.state), lambda raw: read_run_status(raw, run_id=run))
     finished = status is not None and status.phase == "finished"
-    summary = out_dir / "summary.json"
     if finished and not clear:
         assert status is not None
         raise StateError(finished_text(run, status, broker))
-    if clear and summary.exists():
-        raise StateError(
-            f"--clear-run: --out {out_dir} holds a finished run ({summary}); "
-            "give the fresh run a new --out"
-        )
     # A site's notice belongs to its bridge (the only identity `broker init` lets write it),
     # which publishes it again whenever it connects: it is left as it is.
     cleared = sorted(topic for topic in held if not _is_site(topics, topic))
