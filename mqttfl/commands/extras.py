@@ -42,9 +42,11 @@ PROVIDERS: dict[str, Provider] = {
 EXTRA_NAMES = {"train": "the training extra", "capture": "the capture extra"}
 
 # Commands that need a package only in the processes they start (the clients of `run`,
-# every federation of `compare`): there its absence would surface as failed clients, so
-# it is checked before they start.
-STARTS_NEEDING: dict[str, tuple[str, ...]] = {"run": ("torch",), "compare": ("torch",)}
+# every federation of `compare`), or only once the run's manifest came (a device waits
+# for it first): their absence would surface late, so it is checked before anything.
+STARTS_NEEDING: dict[str, tuple[str, ...]] = dict.fromkeys(
+    ("run", "compare", "client", "clients", "fleet"), ("torch",)
+)
 
 
 def missing_package(exc: BaseException) -> str | None:

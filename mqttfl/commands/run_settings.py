@@ -15,6 +15,7 @@ from pathlib import Path
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.config import RunConfig, load_config
 from mqttfl.errors import UsageError
+from mqttfl.logs import get_logger
 
 MANIFEST_WAIT_S = 300.0
 
@@ -70,6 +71,7 @@ def run_config(
 
     if args.wait <= 0:
         raise UsageError(f"--wait {args.wait}: must be a positive number of seconds")
+    get_logger(run_id=local.run_id).info("run.joining", broker=str(broker), wait_s=args.wait)
     manifest = asyncio.run(
         await_manifest(
             broker,

@@ -196,6 +196,9 @@ class ClientRunner:
         reason = decline_reason(
             start, self.client_id, self._now(), refused_round=refused, privacy=self.ctx.privacy
         )
+        if reason == "budget_spent":  # it leaves the run now: its 'offline' says why
+            self._spawn(privacy_allows(self, start.round))
+            return
         if reason:  # a start we will not act on: the round need not wait for us
             self.log.info("round.declined", round=start.round, reason=reason)
         ack = Ack(start.round, self.client_id, start.announcement, reason)

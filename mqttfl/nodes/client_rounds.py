@@ -7,9 +7,10 @@
   instance must not resume it: it would take round 1 for a round it already trained.
 - :func:`decline_reason`: whether the client will act on a round start that selects it.
   A client that will not (a round older than one it trained, a round whose update its
-  own check refused, a budget that the upload would exceed) says so at once on its
-  acknowledgement topic (``cannot_train``), so the round does not wait for it until its
-  deadline (:mod:`mqttfl.engine.selection`).
+  own check refused) says so at once on its acknowledgement topic (``cannot_train``), so
+  the round does not wait for it until its deadline (:mod:`mqttfl.engine.selection`);
+  one whose privacy budget cannot pay the upload leaves the run at once, its ``offline``
+  status saying why (:mod:`mqttfl.nodes.client_privacy`).
 """
 
 from __future__ import annotations
