@@ -206,3 +206,20 @@ def test_clients_stop_once_their_coordinator_has_been_gone_for_the_configured_ti
             assert len(said) == 1, fed.output(client)[-3000:]
             assert "has had no live coordinator for 4 s" in said[0], said[0]
             assert "Traceback" not in fed.output(client)
+
+
+def test_a_coordinator_resumes_from_the_manifest_in_its_run_dir_without_a_config(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    with Federation(tmp_path, broker, clients=2, rounds=4) as fed:
+        fed.start()
+        fed.wait_round_closed(2, timeout=180)
+        fed.kill("coordinator")
+        assert (fed.out / "manifest.json").is_file()
+        fed._spawn("coordinator", ["coordinator", "--broker", broker.url, "--out", str(fed.out)])
+        summary = fed.finish(timeout=240)
+    assert summary["rounds_completed"] == 4
+    [resumed] = fed.events(event="run.resumed")
+    assert resumed["from_round"] >= 3
+    instances = {e["instance"] for c in ("0", "1") for e in fed.events(c, "run.joined")}
+    assert len(instances) == 1  # the resumed run is the same instance: no client started over

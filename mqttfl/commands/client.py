@@ -50,7 +50,7 @@ def cmd_client(args: argparse.Namespace) -> int:
     setup_logging(local, f"client-{args.id}", None)
     watch_parent()
     identity = credentials(local, args.id)
-    config = run_config(args, local, broker, identity, state_dir=args.state_dir)
+    config = run_config(args, local, broker, identity, state_dir=args.state_dir, client_id=args.id)
     return run_client_device(
         config,
         args.id,

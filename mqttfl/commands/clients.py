@@ -43,7 +43,9 @@ def cmd_clients(args: argparse.Namespace) -> int:
     identities = runner_credentials(credentials(local), ids, args.credentials_dir)
     name = f"clients-{ids[0]}" if len(ids) == 1 else f"clients-{ids[0]}-{ids[-1]}"
     setup_logging(local, name, None)
-    config = run_config(args, local, broker, identities[ids[0]], state_dir=args.state_dir)
+    config = run_config(
+        args, local, broker, identities[ids[0]], state_dir=args.state_dir, client_id=ids[0]
+    )
     check_ids(config, ids)
     forks = Forks(
         config,

@@ -17,7 +17,7 @@ from mqttfl.commands.common import (
     watch_parent,
 )
 from mqttfl.config import RunConfig, load_config
-from mqttfl.errors import StateError
+from mqttfl.errors import StateError, UsageError
 from mqttfl.files import set_aside_dir
 from mqttfl.logs import get_logger
 from mqttfl.paths import check_set_aside, make_dir
@@ -57,7 +57,7 @@ def add_coordinator_command(subparsers: Any) -> None:
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.overrides)
+    config = _config(args)
     broker = broker_address(args)
     if args.clear_run:
         check_set_aside(args.out, what="--out")
@@ -90,6 +90,23 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     if summary and not os.environ.get("MQTTFL_PARENT_PID"):  # `mqttfl run` prints its own
         _print_table(config, summary, args.out, train=args.local_reference)
     return 0
+
+
+def _config(args: argparse.Namespace) -> RunConfig:
+    """The config: --config and --set; or, resuming a run dir without --config, the run's
+    own manifest kept there (--set may then name only what is not the run's)."""
+    if args.config is not None or args.clear_run:
+        return load_config(args.config, args.overrides)
+    from mqttfl.nodes.manifest import MANIFEST_FILE, device_config, read_copy
+
+    kept = args.out / MANIFEST_FILE
+    if not kept.is_file():
+        raise UsageError(
+            f"--config is required: {kept} does not exist (a run directory resumes without "
+            "--config from the manifest its coordinator kept there)"
+        )
+    local = load_config(None, args.overrides)
+    return device_config(read_copy(kept), local, from_file=False, overrides=args.overrides)
 
 
 def _resume(config: RunConfig, out: Path) -> Resume:

@@ -40,7 +40,9 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     identities = runner_credentials(credentials(local), ids, args.credentials_dir)
     setup_logging(local, log_name(ids), None)
     watch_parent()
-    config = run_config(args, local, broker, identities[ids[0]], state_dir=args.state_dir)
+    config = run_config(
+        args, local, broker, identities[ids[0]], state_dir=args.state_dir, client_id=ids[0]
+    )
     check_ids(config, ids)
     failed = run_fleet(
         config,

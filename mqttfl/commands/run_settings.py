@@ -16,6 +16,7 @@ from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.config import RunConfig, load_config
 from mqttfl.errors import UsageError
 from mqttfl.logs import get_logger
+from mqttfl.wire import Topics
 
 MANIFEST_WAIT_S = 300.0
 
@@ -64,6 +65,7 @@ def run_config(
     identity: Credentials,
     *,
     state_dir: Path,
+    client_id: str,
 ) -> RunConfig:
     """The run's config for this device, from the run's manifest (a copy kept beside the
     device's state for later readers); one line (exit 2) if the device's own differs."""
@@ -77,9 +79,10 @@ def run_config(
             broker,
             local.run_id,
             credentials=identity,
-            who=f"run {local.run_id!r}'s manifest",
+            who=f"client {client_id!r}",
             timeout=args.wait,
             connect_timeout=local.broker.connect_timeout_s,
+            probe=Topics(local.run_id).status(client_id),
         )
     )
     config = device_config(

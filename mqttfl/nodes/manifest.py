@@ -97,7 +97,7 @@ def device_config(
     differ = drift(local, manifest, only=None if from_file else set_keys(overrides))
     if differ:
         raise UsageError(
-            f"this device's settings differ from the manifest of run {run_id!r} (its coordinator's "
+            f"the settings given here differ from the manifest of run {run_id!r} (its coordinator's "
             f"config): {'; '.join(differ)}. Start it without --config and --set to train the "
             "run's settings, or make them agree (a device may set only "
             f"{', '.join(device_keys(manifest.config))})"
@@ -124,9 +124,15 @@ async def await_manifest(
     who: str,
     timeout: float,
     connect_timeout: float = 10.0,
+    probe: str | None = None,
 ) -> Manifest:
     """The run's manifest as its coordinator keeps it retained: waits up to ``timeout``
-    seconds for it, saying so once; StateError if none comes."""
+    seconds for it, saying so once; StateError if none comes.
+
+    A broker drops what an identity may not read without a word, so a device whose ACL
+    does not cover the run would wait in vain: when the manifest is not there at once,
+    ``probe`` (the device's own status topic) gets an empty retained message, which the
+    broker refuses (one line, exit 2) unless this identity belongs to the run."""
     topics = Topics(run_id)
     log = get_logger(run_id=run_id)
     bus = Bus(
@@ -157,6 +163,8 @@ async def await_manifest(
                     ) from None
                 noted = True
                 log.info("manifest.waiting", broker=str(address), timeout_s=timeout)
+                if probe is not None:
+                    await bus.publish(probe, b"", retain=True, timeout=connect_timeout)
                 continue
             if not message.payload:
                 continue  # a cleared manifest (a run cleared to start afresh)

@@ -58,6 +58,8 @@ def bridged_topics(site: str, clients: list[str], run_id: str | None) -> list[tu
     broker, ``in`` from it. The central ACL and the edge's bridge are both made from it."""
     base = _base(run_id)
     topics = [(f"{base}/state", "in"), (f"{base}/round/+/start", "in")]
+    # the run's settings, and whether it has a live coordinator (a device reads both)
+    topics += [(f"{base}/manifest", "in"), (f"{base}/lease", "in")]
     topics.append((f"{base}/round/+/down/{BROADCAST}", "in"))
     for client in clients:
         topics += [
