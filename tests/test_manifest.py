@@ -17,20 +17,16 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mqttfl.provisioning.broker_init import read_env_file
-from mqttfl.provisioning.local_broker import LocalBroker, free_port
-from tests.faults import Federation, Witness, read_events
+from mqttfl.provisioning.local_broker import LocalBroker
+from tests.faults import Federation, Witness, read_events, wait_for
 from tests.helpers import FAST, REPO
-from tests.test_deploy_mistakes import Deployment, Seen, wait, wait_for_line
+from tests.locked import Locked, Started, locked_broker, wait_all
 
 pytestmark = pytest.mark.slow
 
@@ -53,117 +49,86 @@ def sets(items: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def scene() -> Iterator[tuple[Deployment, Witness]]:
-    work = Path(tempfile.mkdtemp(prefix="mqttfl-manifest-", dir="/tmp"))
-    work.chmod(0o755)
-    setup = work / "broker-setup"
-    init = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mqttfl",
-            "broker",
-            "init",
-            "--clients",
-            "3",
-            "--run-id",
-            RUN,
-            "--port",
-            str(free_port()),
-            "--out",
-            str(setup),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
-    assert init.returncode == 0, init.stderr
-    port = int(re.findall(r"^listener (\d+)", (setup / "mosquitto.conf").read_text(), re.M)[0])
-    watch = read_env_file(setup / "credentials" / "watch.env")
-    with LocalBroker(
-        work / "mosquitto", port=port, conf=(setup / "mosquitto.conf").read_text()
-    ) as b:
-        witness = Witness(
-            port,
-            [f"mqttfl/{RUN}/#"],
-            username=watch["MQTTFL_BROKER__USERNAME"],
-            password=watch["MQTTFL_BROKER__PASSWORD"],
-        )
-        with witness:
-            yield Deployment(setup, work, b, b.url, init), witness
-    shutil.rmtree(work, ignore_errors=True)
+def scene() -> Iterator[tuple[Locked, Witness]]:
+    with locked_broker(RUN, clients=3) as broker:
+        watch = read_env_file(broker.credentials / "watch.env")
+        port = int(broker.url.rsplit(":", 1)[1])
+        user, password = watch["MQTTFL_BROKER__USERNAME"], watch["MQTTFL_BROKER__PASSWORD"]
+        with Witness(port, [f"mqttfl/{RUN}/#"], username=user, password=password) as witness:
+            yield broker, witness
 
 
 @pytest.fixture(scope="module")
-def played(scene: tuple[Deployment, Witness]) -> Deployment:
-    d, _ = scene
-    out = d.work / "coordinator" / "run"
-    coordinator = d.start(
-        "coordinator",
-        "coordinator",
-        "--config",
-        DP_CONFIG,
-        "--broker",
-        d.url,
-        "--out",
-        str(out),
-        *sets(RUN_SETTINGS),
-        identity="coordinator",
+def played(scene: tuple[Locked, Witness]) -> dict[str, Started]:
+    broker, _ = scene
+    seen: dict[str, Started] = {}
+    coordinator = ["--config", DP_CONFIG, "--broker", broker.url, "--out", "run"]
+    seen["coordinator"] = broker.start(
+        "coordinator", "coordinator", *coordinator, *sets(RUN_SETTINGS), identity="coordinator"
     )
-    wait_for_line(coordinator, "run.started", timeout=120)
-    device = ["--run", RUN, "--broker", d.url]
+    log = broker.work / "coordinator" / "run" / "logs" / "coordinator.jsonl"
+    wait_for(lambda: log.exists() and "run.started" in log.read_text(), timeout=120, what="run")
+    device = ["--run", RUN, "--broker", broker.url]
     # Device 2, four times, with settings of its own.
-    d.start("own-rounds", "client", "--id", "2", *device, "--set", "rounds=15", identity="2")
-    d.start("own-tau", "client", "--id", "2", *device, "--set", "method.tau=0.9", identity="2")
-    d.start(
-        "no-privacy", "client", "--id", "2", *device, "--set", "privacy.enabled=false", identity="2"
-    )
-    whole_file = [*sets([*FAST, "model.name=tiny", f"run_id={RUN}"]), "--config", PLAIN_CONFIG]
-    d.start("own-config", "client", "--id", "2", "--broker", d.url, *whole_file, identity="2")
+    for name, own in (
+        ("own-rounds", ["--set", "rounds=15"]),
+        ("own-tau", ["--set", "method.tau=0.9"]),
+        ("no-privacy", ["--set", "privacy.enabled=false"]),
+        (
+            "own-config",
+            [*sets([*FAST, "model.name=tiny", f"run_id={RUN}"]), "--config", PLAIN_CONFIG],
+        ),
+    ):
+        joined = own if name == "own-config" else [*device, *own]
+        where = ["--broker", broker.url] if name == "own-config" else []
+        seen[name] = broker.start(name, "client", "--id", "2", *joined, *where, identity="2")
     # Devices 0 and 1: their id, their credentials, the broker's URL.
-    d.start("device-0", "client", "--id", "0", *device, identity="0")
-    d.start("device-1", "client", "--id", "1", *device, identity="1")
-    drifted = [d.seen[n] for n in ("own-rounds", "own-tau", "no-privacy", "own-config")]
-    wait(*drifted, timeout=180)
-    wait(coordinator, d.seen["device-0"], d.seen["device-1"], timeout=420)
-    # After the run: a device that was not part of it, started with a fresh folder.
-    d.start("after-the-end", "client", "--id", "1", *device, identity="1", cwd=d.work / "late")
-    wait(d.seen["after-the-end"], timeout=120)
-    return d
+    for client in ("0", "1"):
+        seen[f"device-{client}"] = broker.start(
+            f"device-{client}", "client", "--id", client, *device, identity=client
+        )
+    wait_all([seen[n] for n in ("own-rounds", "own-tau", "no-privacy", "own-config")], 180)
+    wait_all([seen[n] for n in ("coordinator", "device-0", "device-1")], 420)
+    # After the run: a device that was not part of it, started in a fresh folder.
+    seen["after-the-end"] = broker.start(
+        "after-the-end", "client", "--id", "1", *device, identity="1"
+    )
+    wait_all([seen["after-the-end"]], 120)
+    return seen
 
 
-def differing(seen: Seen) -> str:
-    assert seen.rc == 2, seen.text[-3000:]
-    line = seen.error()
+def differing(started: Started) -> str:
+    assert started.proc.returncode == 2, started.stderr[-3000:]
+    line = started.one_error_line()
     assert "differ from the manifest of run 'manifest-test'" in line, line
     return line
 
 
 def test_devices_with_no_config_train_the_coordinators_overridden_schedule(
-    played: Deployment,
+    played: dict[str, Started],
 ) -> None:
-    d = played
     for name in ("coordinator", "device-0", "device-1"):
-        assert d.seen[name].rc == 0, d.seen[name].text[-3000:]
-    summary = json.loads((d.work / "coordinator" / "run" / "summary.json").read_text())
+        assert played[name].proc.returncode == 0, played[name].stderr[-3000:]
+    summary = json.loads((played["coordinator"].folder / "run" / "summary.json").read_text())
     assert summary["rounds_completed"] == 3
     assert summary["rejections"] == {}, summary["rejections"]  # every upload declared DP
     assert summary["privacy"]["uploads"] == {"0": 3, "1": 3}
     for client in ("0", "1"):
-        events = read_events(d.work / f"device-{client}" / "logs" / f"client-{client}.jsonl")
+        folder = played[f"device-{client}"].folder
+        events = read_events(folder / "logs" / f"client-{client}.jsonl")
         assert [e["round"] for e in events if e["event"] == "upload.sent"] == [1, 2, 3]
         [received] = [e for e in events if e["event"] == "manifest.received"]
-        kept = d.work / f"device-{client}" / "client-state" / RUN / "manifest.json"
+        kept = folder / "client-state" / RUN / "manifest.json"
         assert json.loads(kept.read_text())["digest"].startswith(received["digest"])
 
 
-def test_a_device_whose_settings_differ_stops_naming_each_key(played: Deployment) -> None:
-    d = played
-    assert "rounds: 15 here, 3 in the run" in differing(d.seen["own-rounds"])
-    assert "method.tau: 0.9 here, 0.5 in the run" in differing(d.seen["own-tau"])
-    assert "privacy.enabled: false here, true in the run" in differing(d.seen["no-privacy"])
-    whole = differing(d.seen["own-config"])
+def test_a_device_whose_settings_differ_stops_naming_each_key(
+    played: dict[str, Started],
+) -> None:
+    assert "rounds: 15 here, 3 in the run" in differing(played["own-rounds"])
+    assert "method.tau: 0.9 here, 0.5 in the run" in differing(played["own-tau"])
+    assert "privacy.enabled: false here, true in the run" in differing(played["no-privacy"])
+    whole = differing(played["own-config"])
     for part in (
         "rounds: 15 here, 3 in the run",
         "method.warmup_rounds: 8 here, 2 in the run",
@@ -176,7 +141,7 @@ def test_a_device_whose_settings_differ_stops_naming_each_key(played: Deployment
 
 
 def test_nothing_of_a_drifted_device_reaches_the_broker(
-    played: Deployment, scene: tuple[Deployment, Witness]
+    played: dict[str, Started], scene: tuple[Locked, Witness]
 ) -> None:
     _, witness = scene
     about_2 = witness.seen(lambda m: m.topic.rsplit("/", 1)[-1] == "2")
@@ -184,10 +149,12 @@ def test_nothing_of_a_drifted_device_reaches_the_broker(
     assert witness.seen(lambda m: m.topic.endswith("/up/0"))  # the witness saw the run
 
 
-def test_a_device_started_after_the_run_finished_exits_naming_when(played: Deployment) -> None:
-    late = played.seen["after-the-end"]
-    assert late.rc == 2, late.text[-3000:]
-    line = late.error()
+def test_a_device_started_after_the_run_finished_exits_naming_when(
+    played: dict[str, Started],
+) -> None:
+    late = played["after-the-end"]
+    assert late.proc.returncode == 2, late.stderr[-3000:]
+    line = late.one_error_line()
     assert "finished" in line, line
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", line), line
 
