@@ -147,3 +147,19 @@ def add_many_clients_args(parser: argparse.ArgumentParser) -> None:
         help="a directory of <id>.env files, one identity per client (as `broker init` "
         "writes them in credentials/); default: the config's credentials for all",
     )
+
+
+def check_shapes(config: RunConfig) -> None:
+    """Where this machine holds the clients' data, check that each model takes it before
+    round 1 (the clients check their own shards too; the coordinator also refuses an
+    announcement whose model cannot take its announced sample shape)."""
+    from mqttfl.data.shapes import sample_shape_problem
+    from mqttfl.errors import ConfigError, DataError
+
+    try:
+        problem = sample_shape_problem(config)
+    except DataError:
+        return  # the shards live on the devices
+    if problem is not None:
+        key = "model.per_client" if config.model.per_client else "model.name"
+        raise ConfigError(key, problem)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from mqttfl.commands.common import (
     add_config_args,
     broker_address,
+    check_shapes,
     credentials,
     setup_logging,
     watch_parent,
@@ -62,7 +63,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     if args.clear_run:
         check_set_aside(args.out, what="--out")
     make_dir(args.out, what="--out")
-    _check_shapes(config)
+    check_shapes(config)
     from mqttfl.nodes.run_lease import claim_run
 
     earlier = args.clear_run and any(args.out.iterdir())  # before our log lands in it
@@ -131,22 +132,6 @@ def _start_afresh(config: RunConfig, out: Path) -> None:
     get_logger(run_id=config.run_id, client_id="coordinator").warning(
         "run.set_aside", out=str(out), kept_as=None if kept is None else str(kept)
     )
-
-
-def _check_shapes(config: RunConfig) -> None:
-    """Where this machine holds the clients' data, check that each model takes it before
-    round 1 (the clients check their own shards too; the coordinator also refuses an
-    announcement whose model cannot take its announced sample shape)."""
-    from mqttfl.data.shapes import sample_shape_problem
-    from mqttfl.errors import ConfigError, DataError
-
-    try:
-        problem = sample_shape_problem(config)
-    except DataError:
-        return  # the shards live on the devices
-    if problem is not None:
-        key = "model.per_client" if config.model.per_client else "model.name"
-        raise ConfigError(key, problem)
 
 
 def _print_table(config: RunConfig, summary: RunSummary, out: Path, *, train: bool) -> None:

@@ -223,6 +223,7 @@ class ClientRunner:
             if received is None:
                 continue
             message = received.message
+            self.watch.on_coordinator()
             if isinstance(message, RunStatus | RoundStart):
                 self._see_instance(message.instance)
             if isinstance(message, RunStatus):

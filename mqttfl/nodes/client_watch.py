@@ -30,6 +30,11 @@ class RunWatch:
     def on_lease(self, lease: Lease) -> None:
         self.coordinator_live = lease.live
 
+    def on_coordinator(self) -> None:
+        """A start, run state or downlink came: the coordinator is live (a broker whose
+        retained store is node-local may never hand us its lease)."""
+        self.coordinator_live = True
+
     def check(self, now: float) -> None:
         """StateError once the client has been alone for longer than its limit."""
         if self.coordinator_live and self.connected.is_set():

@@ -111,6 +111,9 @@ class Coordinator:
         self._state_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._asserting = False  # our lease is about to be published again
+        self.manifest = manifest_of(config, self.engine.state.instance)
+        self._manifest_payload = self.manifest.encode(config.run_id)
+        self._manifest_sent = -math.inf
         self.bus = Bus(
             broker,
             identifier=f"mqttfl-{config.run_id}-coordinator",
@@ -227,6 +230,19 @@ class Coordinator:
         if "/" not in sender and self._status is not None:
             self._spawn(self._publish_state())
 
+    def _manifest_again(self) -> None:
+        """Publish the manifest again, at most once a second: a broker whose retained store
+        is node-local (a RabbitMQ cluster) holds it only on our node, and a device on
+        another one asks by clearing its own status while it waits."""
+        now = time.monotonic()
+        if now - self._manifest_sent < 1.0:
+            return
+        self._manifest_sent = now
+        self._spawn(self._publish_manifest())
+
+    async def _publish_manifest(self) -> None:
+        await self.bus.publish(self.topics.manifest, self._manifest_payload, retain=True)
+
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
@@ -289,8 +305,10 @@ class Coordinator:
         run = self.config.run_id
         match self.topics.parse(message.topic):
             case StatusTopic(client):
-                if message.payload:  # an empty payload clears a retained status
+                if message.payload:
                     self.engine.on_status(read_status(message.payload, run_id=run, client=client))
+                else:  # a cleared status: a device waiting for the manifest (nodes/manifest.py)
+                    self._manifest_again()
             case SiteTopic(site):
                 self.engine.on_site(site, read_site_notice(message.payload))
             case LeaseTopic():
@@ -450,11 +468,8 @@ class Coordinator:
         )
         # The run's contract, for every other process of the run (and a copy for readers
         # of the run dir): published before anything else, kept across resumes.
-        manifest = manifest_of(self.config, engine.state.instance)
-        keep_copy(manifest, self.journal.out_dir)
-        await self.bus.publish(
-            self.topics.manifest, manifest.encode(self.config.run_id), retain=True
-        )
+        keep_copy(self.manifest, self.journal.out_dir)
+        await self._publish_manifest()
         if engine.state.round == 0:
             await self._publish_state(RunStatus("waiting", 0))
         summary: RunSummary | None = None

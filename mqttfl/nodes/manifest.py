@@ -132,7 +132,9 @@ async def await_manifest(
     A broker drops what an identity may not read without a word, so a device whose ACL
     does not cover the run would wait in vain: when the manifest is not there at once,
     ``probe`` (the device's own status topic) gets an empty retained message, which the
-    broker refuses (one line, exit 2) unless this identity belongs to the run."""
+    broker refuses (one line, exit 2) unless this identity belongs to the run. A live
+    coordinator answers it with the manifest again: a broker whose retained store is
+    node-local (a RabbitMQ cluster) keeps the manifest only on the coordinator's node."""
     topics = Topics(run_id)
     log = get_logger(run_id=run_id)
     bus = Bus(
