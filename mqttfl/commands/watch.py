@@ -45,6 +45,8 @@ def add_watch_command(subparsers: Any) -> None:
 def cmd_watch(args: argparse.Namespace) -> int:
     local = load_config(args.config)
     broker = broker_address(args)
+    # The bus's reconnect warnings would tear the screen; the view shows the connection.
+    configure_logging(None, level="error")
     config = _run_config(args.run, local, broker)
     try:
         view = FederationView(
@@ -55,8 +57,6 @@ def cmd_watch(args: argparse.Namespace) -> int:
         )
     except WireError as exc:
         raise UsageError(f"--run {args.run!r}: {exc.detail}") from None
-    # The bus's reconnect warnings would tear the screen; the view shows the connection.
-    configure_logging(None, level="error")
     bus = Bus(
         broker,
         identifier=f"mqttfl-{args.run}-watch-{secrets.token_hex(4)}",
