@@ -50,7 +50,16 @@ def cmd_client(args: argparse.Namespace) -> int:
     setup_logging(local, f"client-{args.id}", None)
     watch_parent()
     identity = credentials(local, args.id)
+    shard = None
+    if args.config is not None:  # the device's own config: its shard (and its fit) first
+        from mqttfl.data.shapes import check_shard_shape
+        from mqttfl.data.sources import run_client_shard
+
+        shard = run_client_shard(local, args.id, args.data)
+        check_shard_shape(local, args.id, shard)
     config = run_config(args, local, broker, identity, state_dir=args.state_dir, client_id=args.id)
+    if config.data != local.data:  # a data key the run lets devices set, not set here
+        shard = None
     return run_client_device(
         config,
         args.id,
@@ -58,4 +67,5 @@ def cmd_client(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         credentials=identity,
         shard_dir=args.data,
+        shard=shard,
     )

@@ -13,7 +13,6 @@ import asyncio
 from pathlib import Path
 
 from mqttfl.bus.address import BrokerAddress, Credentials
-from mqttfl.commands.common import check_shapes
 from mqttfl.config import RunConfig, load_config
 from mqttfl.errors import UsageError
 from mqttfl.logs import get_logger
@@ -74,8 +73,6 @@ def run_config(
 
     if args.wait <= 0:
         raise UsageError(f"--wait {args.wait}: must be a positive number of seconds")
-    if args.config is not None:  # a config of the device's own: its model takes its data
-        check_shapes(local)
     get_logger(run_id=local.run_id).info("run.joining", broker=str(broker), wait_s=args.wait)
     manifest = asyncio.run(
         await_manifest(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.config import RunConfig
+from mqttfl.data.shard import Shard
 from mqttfl.errors import MqttflError, StateError
 
 
@@ -26,12 +27,15 @@ def run_client_device(
     state_dir: Path,
     credentials: Credentials | None,
     shard_dir: Path | None = None,
+    shard: Shard | None = None,
 ) -> int:
-    """Build ``client_id``'s shard and runner and run it to the end of the run."""
+    """Build ``client_id``'s shard (unless given, built for this config) and runner and
+    run it to the end of the run."""
     from mqttfl.data.sources import run_client_shard
     from mqttfl.training.memory import release
 
-    shard = run_client_shard(config, client_id, shard_dir)
+    if shard is None:
+        shard = run_client_shard(config, client_id, shard_dir)
     release(collect=True)
     from mqttfl.nodes.client import ClientRunner
 
