@@ -114,6 +114,7 @@ class Coordinator:
         self.manifest = manifest_of(config, self.engine.state.instance)
         self._manifest_payload = self.manifest.encode(config.run_id)
         self._manifest_sent = -math.inf
+        self._manifest_asked = False
         self.bus = Bus(
             broker,
             identifier=f"mqttfl-{config.run_id}-coordinator",
@@ -231,14 +232,23 @@ class Coordinator:
             self._spawn(self._publish_state())
 
     def _manifest_again(self) -> None:
-        """Publish the manifest again, at most once a second: a broker whose retained store
-        is node-local (a RabbitMQ cluster) holds it only on our node, and a device on
-        another one asks by clearing its own status while it waits."""
+        """Have the loop publish the manifest again (at most once a second): a broker whose
+        retained store is node-local (a RabbitMQ cluster) holds it only on our node, and a
+        device on another one asks by clearing its own status while it waits."""
+        self._manifest_asked = True
+        self.wake.set()
+
+    async def _answer_manifest(self) -> float:
+        """Publish the manifest if a device asked and a second has passed since the last
+        time; when to look again (inf: nobody is waiting)."""
+        if not self._manifest_asked:
+            return math.inf
         now = time.monotonic()
         if now - self._manifest_sent < 1.0:
-            return
-        self._manifest_sent = now
-        self._spawn(self._publish_manifest())
+            return self._manifest_sent + 1.0
+        self._manifest_asked, self._manifest_sent = False, now
+        await self._publish_manifest()
+        return math.inf
 
     async def _publish_manifest(self) -> None:
         await self.bus.publish(self.topics.manifest, self._manifest_payload, retain=True)
@@ -482,8 +492,11 @@ class Coordinator:
             if engine.finished:
                 break
             self.release_held()
+            asked_at = await self._answer_manifest()
             engine_at = engine.wake_at()
-            wake_at = min(math.inf if engine_at is None else engine_at, self.screen.next_release)
+            wake_at = min(
+                math.inf if engine_at is None else engine_at, self.screen.next_release, asked_at
+            )
             timeout = None if wake_at == math.inf else max(wake_at - time.monotonic(), 0.0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=timeout)
