@@ -29,7 +29,7 @@ from pydantic_settings import (
 
 from mqttfl.errors import ConfigError
 from mqttfl.models.names import MODEL_NAMES
-from mqttfl.wire.ids import client_number
+from mqttfl.wire.ids import DOT_NAMES, client_number
 
 
 class _Table(BaseModel):
@@ -51,6 +51,9 @@ class FederationConfig(_Table):
     max_upload_bytes: int = Field(16_000_000, ge=1024)
     # After the last round, how long to wait for the clients' final metrics.
     final_metrics_timeout_s: float = Field(30.0, gt=0)
+    # At least this long from one round's start to the next one's (0: as fast as they
+    # go): a demo paced so that a person can kill and restart clients by hand.
+    pace_s: float = Field(0.0, ge=0, le=3600)
     # "rounds": synchronous rounds (the default). "buffered": FedBuff (Nguyen et al.,
     # AISTATS 2022): clients train on the newest version they hold, the coordinator
     # aggregates every buffer_size uploads, staleness-weighted, and refuses uploads more
@@ -160,8 +163,12 @@ class BrokerConfig(_Table):
     orphan_timeout_s: float = Field(600.0, gt=0)
 
 
+# A noise multiplier above this turns every upload into noise (given or solved for ε).
+MAX_NOISE = 1e4
+
+
 class PrivacyConfig(_Table):
-    """Differential privacy on every upload (issue 32; off by default, the papers' setting).
+    """Differential privacy on every upload (off by default, the papers' setting).
 
     Prototype methods clip each window's embedding to ``clip`` and noise the class sums
     and counts; weight methods clip the client's update to ``clip`` and noise it
@@ -171,17 +178,27 @@ class PrivacyConfig(_Table):
     """
 
     enabled: bool = False
-    clip: float | None = Field(None, gt=0, le=1e4)
-    noise_multiplier: float | None = Field(None, gt=0, le=1e4)
-    epsilon: float | None = Field(None, gt=0, le=1e4)
-    delta: float = Field(1e-5, gt=0, lt=1)
+    clip: float | None = Field(None, gt=0, le=1e4, allow_inf_nan=False)
+    noise_multiplier: float | None = Field(None, gt=0, le=MAX_NOISE, allow_inf_nan=False)
+    epsilon: float | None = Field(None, gt=0, le=1e4, allow_inf_nan=False)
+    delta: float = Field(1e-5, gt=0, lt=1, allow_inf_nan=False)
     # Counts are noised (σ_n = sqrt(2)·z windows); a class is uploaded only when its noisy
     # count reaches count_threshold·σ_n, so the set of classes is protected as well.
-    count_threshold: float = Field(3.0, ge=0, le=100)
+    count_threshold: float = Field(3.0, ge=0, le=100, allow_inf_nan=False)
 
 
 class LoggingConfig(_Table):
     level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+def _own_directory(run_id: str) -> str:
+    """A run id names a directory of its own (``<state dir>/<run_id>/``, on every device)."""
+    if run_id in DOT_NAMES:
+        raise ValueError(
+            f"{run_id!r} names no directory of its own (client state is kept in "
+            "<state dir>/<run_id>/): give it a letter or a digit"
+        )
+    return run_id
 
 
 class RunConfig(BaseSettings):
@@ -192,7 +209,9 @@ class RunConfig(BaseSettings):
         frozen=True,
     )
 
-    run_id: str = Field("mqttfl", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    run_id: Annotated[str, AfterValidator(_own_directory)] = Field(
+        "mqttfl", pattern=r"^[A-Za-z0-9_.-]{1,64}$"
+    )
     method: str = "fedapa"
     rounds: int = Field(30, ge=1)
     seed: int = 0
@@ -208,6 +227,15 @@ class RunConfig(BaseSettings):
     @model_validator(mode="after")
     def _check_privacy(self) -> RunConfig:
         p = self.privacy
+        if not p.enabled:  # a budget that nothing enforces must not look like one
+            for key, field in PrivacyConfig.model_fields.items():
+                if key != "enabled" and getattr(p, key) != field.default:
+                    raise ConfigError(
+                        f"privacy.{key}",
+                        "is set while privacy.enabled is false, so the run would train "
+                        "without differential privacy; set privacy.enabled = true, or "
+                        "remove the key",
+                    )
         if p.enabled and p.clip is None:
             raise ConfigError("privacy.clip", "required when privacy.enabled is true")
         if p.enabled and p.noise_multiplier is None and p.epsilon is None:

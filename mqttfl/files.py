@@ -3,6 +3,8 @@
 - :func:`write_atomic` writes a whole file as one step: a temporary file in the same
   directory, flushed and fsynced, renamed over the old one, the directory fsynced. A
   reader sees the old file or the new one, never half of one.
+- No writer here follows a symbolic link where its file goes: the link is refused in one
+  :class:`~mqttfl.errors.FileError` naming it, and its target is left as it was.
 - JSON-lines journals are appended one whole line per write (:func:`append_line`).
   :func:`read_json_lines` reads them up to their last complete line: what a writer killed
   mid-line left after it is the ``tail``, not an error, and never changes the file.
@@ -29,7 +31,7 @@ from typing import Any
 
 from mqttfl.errors import DataError, FileError
 from mqttfl.logs import get_logger
-from mqttfl.paths import make_dir
+from mqttfl.paths import link_refused, make_dir, open_nofollow
 
 __all__ = [
     "JsonLines",
@@ -51,13 +53,17 @@ def one_line(text: object, limit: int = 240) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
-def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:
+def write_atomic(path: Path, data: bytes, *, sync: bool = True, mode: int = 0o666) -> None:
     """Replace ``path`` in one step. Unsynced, the new file survives our process dying
-    (it is in the page cache) but not the machine losing power until :func:`sync_file`."""
+    (it is in the page cache) but not the machine losing power until :func:`sync_file`.
+    ``mode`` is the new file's, less the umask. A symbolic link at ``path`` is refused
+    (:class:`FileError`); the rename would replace the link, never write its target."""
+    if os.path.islink(path):
+        raise link_refused(path)
     # A name of its own (two writers never share one), created as open() would (the umask
     # decides its mode, unlike mkstemp's 0600).
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data)
@@ -92,9 +98,9 @@ def sync_file(path: Path) -> None:
 
 def append_line(path: Path, line: str) -> None:
     """Append ``line`` and its newline in one ``write`` (O_APPEND): a process killed here
-    leaves at most one partial line, at the end."""
+    leaves at most one partial line, at the end. A symbolic link at ``path`` is refused."""
     data = (line.rstrip("\n") + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         while data:
             data = data[os.write(fd, data) :]
@@ -220,10 +226,12 @@ def set_aside_tail(read: JsonLines) -> Path | None:
         return None
     aside = path.with_name(f"{path.name}.partial-{stamp()}")
     write_atomic(aside, read.tail)
-    with open(path, "r+b") as handle:
-        handle.truncate(read.complete)
-        handle.flush()
-        os.fsync(handle.fileno())
+    fd = open_nofollow(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, read.complete)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     get_logger().warning(
         "journal.tail_set_aside",
         path=str(path),

@@ -6,13 +6,17 @@ Event names are dotted verbs (``round.closed``, ``upload.rejected``); ``run_id``
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any, TextIO, cast
 
 import structlog
+
+from mqttfl.errors import FileError
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -66,7 +70,7 @@ def configure_logging(
     file = None
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        file = open(log_file, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives with the process
+        file = os.fdopen(_open_log(log_file), "a", buffering=1, encoding="utf-8")
     threshold = _LEVELS[level]
     structlog.configure(
         processors=[
@@ -80,6 +84,21 @@ def configure_logging(
         logger_factory=lambda *args: _NullLogger(),
         cache_logger_on_first_use=False,
     )
+
+
+def _open_log(path: Path) -> int:
+    """The log file, opened to append; a symbolic link there (planted to have the records
+    appended to its target) is one :class:`FileError` naming it."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+    try:
+        return os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(path):
+            raise FileError(
+                f"{path} is a symbolic link (to {os.readlink(path)}): mqttfl writes no file "
+                "through a link; remove it"
+            ) from None
+        raise
 
 
 def get_logger(**context: Any) -> structlog.typing.FilteringBoundLogger:

@@ -19,11 +19,13 @@ from mqttfl.algorithms import get_algorithm
 from mqttfl.algorithms.base import Algorithm, ClientSide, Context, ServerSide, Upload
 from mqttfl.config import FederationConfig, RunConfig, TrainConfig
 from mqttfl.data.shard import Shard
+from mqttfl.engine.actions import Announce, Close, Finish
 from mqttfl.engine.documents import RunSummary
-from mqttfl.engine.rounds import Announce, Close, Finish, RoundEngine
+from mqttfl.engine.rounds import RoundEngine
 from mqttfl.engine.state import RunState
 from mqttfl.errors import RejectedUpload
 from mqttfl.models import build_model
+from mqttfl.privacy.accountant import PrivacySettings
 from mqttfl.wire import Message, PayloadSchema, encode
 from mqttfl.wire.control import (
     Ack,
@@ -76,6 +78,7 @@ class Federation:
         federation: dict[str, Any] | None = None,
         algorithm: Algorithm | None = None,
         state: RunState | None = None,
+        privacy: PrivacySettings | None = None,
         **params: Any,
     ) -> None:
         self.algorithm = algorithm or get_algorithm(name)
@@ -85,6 +88,7 @@ class Federation:
             rounds=rounds,
             seed=0,
             params=self.algorithm.params(**params),
+            privacy=privacy,
         )
         fed = {"num_clients": clients, "min_clients": 1, "round_timeout_s": 60.0}
         self.config = RunConfig(
@@ -136,7 +140,7 @@ class Federation:
         raw = Offline(client, "connection lost").encode(RUN)
         self.engine.on_status(read_status(raw, run_id=RUN, client=client))
 
-    def send_upload(self, t: int, client: str, body: dict[str, Any]) -> Upload:
+    def send_upload(self, t: int, client: str, body: dict[str, Any]) -> Upload | None:
         raw = encode(Message("upload", RUN, t, client, body))
         return self.engine.on_upload(t, client, raw)
 
@@ -156,7 +160,8 @@ class Federation:
             body = client.make_upload(t)
             schema.validate(body)  # the runner refuses to publish anything else
             with contextlib.suppress(RejectedUpload):
-                self.uploads.append(self.send_upload(t, cid, body))
+                taken = self.send_upload(t, cid, body)
+                self.uploads += [taken] if taken is not None else []
 
     def _deliver(self, close: Close) -> None:
         t = close.round

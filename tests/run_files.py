@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from mqttfl.paths import LOCK_FILE
 from tests.faults import RUN_ID, TINY
 from tests.helpers import mqttfl
 
@@ -52,11 +53,12 @@ def state_file(run: Path, client: str) -> Path:
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
-    """Every file below ``directory``, by relative path: its bytes."""
+    """Every file below ``directory``, by relative path: its bytes. Not the lock files: a
+    command that claims a run directory writes its pid there, and then may refuse."""
     return {
         str(p.relative_to(directory)): p.read_bytes()
         for p in sorted(directory.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != LOCK_FILE
     }
 
 

@@ -13,8 +13,9 @@ from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.algorithms.fedapa import aggregate_prototypes
 from mqttfl.algorithms.weights import group_key, weights_length
 from mqttfl.config import FederationConfig, ModelConfig, RunConfig, TrainConfig, load_config
+from mqttfl.engine.actions import Announce, Close, Keep
 from mqttfl.engine.buffered import BufferedEngine, make_engine, staleness_weight
-from mqttfl.engine.rounds import Announce, Close, Keep, RoundEngine
+from mqttfl.engine.rounds import RoundEngine
 from mqttfl.engine.state import RunState
 from mqttfl.errors import ConfigError, RejectedUpload
 from mqttfl.testing.clocked import ClockedFederation, FakeClock

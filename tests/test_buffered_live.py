@@ -114,3 +114,24 @@ def test_an_upload_older_than_max_staleness_is_rejected_with_its_reason(
     # back, it skipped the starts that queued up while it was paused: the newest version
     trained = [e["round"] for e in fed.events("2", "training.started")]
     assert trained[trained.index(t) + 1] >= t + 2
+
+
+@pytest.mark.slow
+def test_uploads_in_flight_across_coordinator_kills_are_neither_lost_nor_counted_twice(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    """The coordinator is killed with kill -9 five times while versions close and clients
+    keep uploading: uploads the broker queued across each crash reach the new coordinator
+    before their senders' statuses, and are held for them rather than refused."""
+    with buffered(tmp_path, broker, rounds=24) as fed:
+        fed.start()
+        for version in (3, 7, 11, 15, 19):
+            fed.wait_round_closed(version, timeout=120)
+            fed.kill("coordinator")
+            fed.restart("coordinator")
+        summary = fed.finish(timeout=240)
+    assert summary["rounds_completed"] == 24
+    assert all(len(closes) == 1 for closes in fed.closed_rounds().values())
+    assert "unknown_client" not in summary["rejections"], summary["rejections"]
+    counted = sum(summary["buffered"]["staleness"].values())
+    assert counted == sum(e["uploads"] for closes in fed.closed_rounds().values() for e in closes)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from mqttfl.engine.actions import Close, Phase
 from mqttfl.engine.documents import checkpoint_from_map
-from mqttfl.engine.rounds import Close, Phase
 from mqttfl.engine.state import RunState
 from mqttfl.errors import WireError
 from mqttfl.nodes.client_rounds import decline_reason, instance_verdict

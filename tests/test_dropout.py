@@ -14,7 +14,7 @@ import pytest
 
 from mqttfl.provisioning.local_broker import LocalBroker
 from tests.faults import read_events, wait_for
-from tests.helpers import FAST, spawn
+from tests.helpers import FAST, mqttfl, spawn
 
 pytestmark = pytest.mark.slow
 CONFIG = "configs/fedapa-csi.toml"
@@ -99,3 +99,43 @@ def test_sigkill_of_one_client_mid_run(broker: LocalBroker, tmp_path: Path) -> N
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds_completed"] == 6
     assert summary["rejections"] == {"future": 1}
+
+
+def test_a_client_that_left_and_came_back_is_shown_in_the_results(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    """Client 2 is killed after round 2 and restarted two rounds later: summary.json
+    gives its part (selected, uploaded, missed; the rounds it left and came back in), and
+    the coordinator's final table says so with the rounds its figures cover."""
+    from tests.faults import Federation
+
+    with Federation(tmp_path, broker, clients=3, rounds=30) as fed:
+        fed.start()
+        fed.wait_round_closed(2, timeout=120)
+        fed.kill("2")
+        gone = fed.last_closed()
+        fed.wait_round_closed(gone + 2, timeout=120)
+        fed.restart("2")
+        summary = fed.finish(timeout=180)
+    row = summary["clients"]["2"]
+    assert len(row["left"]) == 1
+    assert gone <= row["left"][0] <= gone + 1
+    assert len(row["rejoined"]) == 1
+    assert row["rejoined"][0] > row["left"][0]
+    assert row["uploaded"] + row["missed"] == row["selected"]
+    assert row["uploaded"] < summary["rounds_completed"]
+    assert row["last_rounds"] == sorted(row["last_rounds"])
+    for steady in ("0", "1"):
+        assert summary["clients"][steady]["uploaded"] == summary["rounds_completed"]
+        assert "left" not in summary["clients"][steady] or not summary["clients"][steady]["left"]
+    table = fed.output("coordinator")
+    line = next(x for x in table.splitlines() if x.startswith("client 2: "))
+    assert f"left in round {row['left'][0]}, back in round {row['rejoined'][0]}" in line
+    # the report: its per-client table and a plot marking the departure and the return
+    report = tmp_path / "report"
+    result = mqttfl("report", str(fed.out), "--out", str(report))
+    assert result.returncode == 0, result.stderr
+    markdown = (report / "report.md").read_text()
+    cells = f"| {row['uploaded']} / {row['selected']} | {row['left'][0]}, {row['rejoined'][0]} |"
+    assert cells in markdown
+    assert (report / f"clients-{fed.out.name}.png").stat().st_size > 0

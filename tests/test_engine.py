@@ -11,7 +11,8 @@ import pytest
 from mqttfl.algorithms import get_algorithm
 from mqttfl.algorithms.base import Algorithm, Downlinks, Upload
 from mqttfl.algorithms.fedavg import FedAvgServer
-from mqttfl.engine.rounds import RECONNECT_GRACE_S, WILL_SETTLE_S, Announce, Close, Phase
+from mqttfl.engine.actions import Announce, Close, Phase
+from mqttfl.engine.rounds import RECONNECT_GRACE_S, WILL_SETTLE_S
 from mqttfl.engine.state import RunState
 from mqttfl.errors import RejectedUpload, RunAborted, WireError
 from mqttfl.wire.codec import pack_data, unpack_data
@@ -244,3 +245,12 @@ def test_a_straggler_late_upload_is_stale_and_it_catches_up_the_next_round() -> 
     assert fed.summary is not None
     assert fed.summary.rejections == {"stale": 1}
     assert fed.summary.missing_uploads == 1
+
+
+def test_a_paced_run_opens_a_round_no_sooner_than_pace_s_after_the_last() -> None:
+    fed = Federation("fedavg", clients=2, rounds=3, arch="tiny", federation={"pace_s": 20.0})
+    fed.run()
+    starts = [a.start.round for a in fed.announced]
+    assert starts == [1, 2, 3]
+    # the clients answer at once: only the pace moves the clock, 20 s a round
+    assert fed.clock.now == pytest.approx(1000.0 + 2 * 20.0)

@@ -51,10 +51,15 @@ def test_a_forked_client_killed_with_sigkill_fires_its_will_and_the_run_goes_on(
         )
         pids = forked()
         assert len(set(pids.values())) == 3
+        pid_files = {c: out / "clients" / "fedapa-csi" / f"client-{c}.pid" for c in pids}
         for client, pid in pids.items():  # each a process of its own, named for pgrep -x
-            assert Path(f"/proc/{pid}/comm").read_text().strip() == f"client-{client}"
+            assert Path(f"/proc/{pid}/comm").read_text().strip() == f"c{client}@fedapa-csi"
+            assert pid_files[client].read_text() == f"{pid}\n"
         assert len({_ppid(pid) for pid in pids.values()}) == 1  # one parent forked them all
-        os.kill(pids["2"], signal.SIGKILL)  # that process alone
+        killed = subprocess.run(  # that process alone, as the README kills one
+            ["pkill", "-9", "-L", "-F", str(pid_files["2"])], capture_output=True, timeout=30
+        )
+        assert killed.returncode == 0, killed.stderr
         killed_after = max(closed())
         assert run.wait(timeout=300) == 0, (tmp_path / "run.out").read_text()[-3000:]
     finally:
@@ -72,6 +77,7 @@ def test_a_forked_client_killed_with_sigkill_fires_its_will_and_the_run_goes_on(
         assert rounds[t]["uploads"] == 2
     exits = {e["client"]: e["code"] for e in read_events(logs / "clients-0-2.jsonl") if "code" in e}
     assert exits == {"0": 0, "1": 0, "2": -signal.SIGKILL}
+    assert [c for c, path in pid_files.items() if path.exists()] == ["2"]  # clean exits: gone
 
 
 def test_mqttfl_clients_refuses_bad_ids_before_it_forks(tmp_path: Path) -> None:

@@ -22,11 +22,13 @@ RANK = {
     "errors": 0,
     "logs": 1,
     "paths": 1,
+    "processes": 1,  # children that end with their parent (prctl)
     "files": 2,  # atomic writes, JSON lines read up to their last complete line
     "wire": 2,  # topics, ids, codec, schemas, control messages, chunk framing
     "models": 2,
     "adaptation": 2,  # torch-free test-time adaptation: refinement, moments, shift gate
     "config": 3,
+    "pidfile": 3,  # a client process's name and pid file
     "data": 4,
     "training": 4,
     "privacy": 4,  # DP mechanisms on uploads and the accountant (dp-accounting)

@@ -46,23 +46,21 @@ def test_a_private_run_reports_epsilon_per_client(tmp_path: Path) -> None:
     assert "ε" in result.stdout  # the final table's column
 
 
-def test_a_spent_budget_makes_the_client_leave(tmp_path: Path) -> None:
-    """A budget of two uploads: in round 3 every client stops, says so once and goes
-    offline with the reason, and the coordinator treats them as clients that left."""
+def test_spent_budgets_end_the_run_with_its_summary(tmp_path: Path) -> None:
+    """A budget of two uploads and three rounds: after round 2 no client can upload again
+    (the coordinator's own count), so the run ends there, exit 0, and its summary and
+    final table say why; every client uploaded twice and finished with the run."""
     budget = epsilon_spent(0.8, 2, 1e-5) * 1.0001
     out = tmp_path / "run"
-    _run(out, "rounds=3", f"privacy.epsilon={budget}", "federation.max_round_attempts=1")
+    result = _run(out, "rounds=3", f"privacy.epsilon={budget}", "federation.max_round_attempts=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds_completed"] == 2
+    assert summary["ended_early"] == "privacy budgets spent after round 2 of 3"
+    assert summary["privacy"]["uploads"] == {"0": 2, "1": 2, "2": 2}
+    assert "the run ended early: privacy budgets spent after round 2 of 3" in result.stdout
     logs = out / "logs"
     for client in "012":
         events = read_events(logs / f"client-{client}.jsonl")
-        spent = [e for e in events if e["event"] == "privacy.budget_exhausted"]
-        assert len(spent) == 1
-        assert spent[0]["round"] == 3
         assert [e["round"] for e in events if e["event"] == "upload.sent"] == [1, 2]
-    coordinator = read_events(logs / "coordinator.jsonl")
-    offline = {
-        e["client"]
-        for e in coordinator
-        if e["event"] == "client.offline" and e["reason"] == "privacy budget exhausted"
-    }
-    assert offline == {"0", "1", "2"}
+        assert [e["round"] for e in events if e["event"] == "run.finishing"] == [2]

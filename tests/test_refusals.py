@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mqttfl.algorithms.weights import weights_length
-from mqttfl.engine.rounds import Close, Phase
+from mqttfl.engine.actions import Close, Phase
 from mqttfl.errors import RejectedUpload, RunAborted, WireError
 from mqttfl.wire import Message, encode
 from mqttfl.wire.control import Ack, read_ack

@@ -104,6 +104,7 @@ def test_the_summary_file_keeps_the_keys_it_had_plus_its_version() -> None:
         "kb_sent",
         "kb_received",
         "rounds_reported",
+        "last_rounds",  # the rounds its means cover
     }
     assert set(written["comm"]) == {
         "up_bytes_per_client_round",

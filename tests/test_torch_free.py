@@ -45,6 +45,10 @@ MODULES = [
     "mqttfl.commands.extras",
     "mqttfl.sensing.runner",
     "mqttfl.data.capture",
+    # `mqttfl logs` reads any host's logs
+    "mqttfl.commands.logs",
+    "mqttfl.monitor.logview",
+    "mqttfl.monitor.logtext",
 ]
 
 

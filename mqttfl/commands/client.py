@@ -9,6 +9,7 @@ from typing import Any
 from mqttfl.commands.common import (
     add_config_args,
     broker_address,
+    checked_id,
     credentials,
     setup_logging,
     watch_parent,
@@ -26,7 +27,9 @@ def add_client_command(subparsers: Any) -> None:
         "MQTTFL_BROKER__USERNAME/__PASSWORD: `set -a; . credentials/<id>.env; set +a` with "
         "the file `mqttfl broker init` wrote for this id. It writes its log to "
         "./logs/client-<id>.jsonl (MQTTFL_LOG_DIR overrides) and its state to "
-        "./client-state/ (--state-dir), both under the folder it is started from.",
+        "./client-state/ (--state-dir), both under the folder it is started from. The "
+        "process is named c<id>@<run id> (pgrep -x) and keeps its pid in "
+        "<state dir>/<run id>/client-<id>.pid while it runs.",
     )
     add_config_args(client)
     add_run_args(client)
@@ -43,6 +46,7 @@ def add_client_command(subparsers: Any) -> None:
 
 
 def cmd_client(args: argparse.Namespace) -> int:
+    checked_id(args.id, "--id")  # it names the log file and the state file
     local = local_config(args)
     broker = broker_address(args)
     from mqttfl.nodes.client_process import run_client_device

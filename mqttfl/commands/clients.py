@@ -23,9 +23,10 @@ def add_clients_command(subparsers: Any) -> None:
         "clients",
         help="run many client devices, one OS process each, forked from one parent",
         description="Run many client devices on this machine, one OS process each (its own "
-        "MQTT session, last will, shard, state and log file; `kill -9 $(pgrep -x "
-        "client-3)` drops one), forked from one parent that imported torch once, so they "
-        "share its pages. Each child runs exactly as `mqttfl client --id <id>` would.",
+        "MQTT session, last will, shard, state and log file; `pkill -9 -L -F "
+        "STATE_DIR/RUN/client-3.pid` drops one), forked from one parent that imported torch "
+        "once, so they share its pages. Each child runs exactly as `mqttfl client --id <id>` "
+        "would.",
     )
     add_config_args(clients)
     add_run_args(clients)

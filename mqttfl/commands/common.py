@@ -12,8 +12,9 @@ from pathlib import Path
 
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.config import RunConfig
-from mqttfl.errors import BrokerError, UsageError
+from mqttfl.errors import BrokerError, UsageError, WireError
 from mqttfl.logs import configure_logging
+from mqttfl.wire.ids import check_id
 
 RESOLVE_TIMEOUT_S = 10.0
 
@@ -109,6 +110,14 @@ def broker_url(text: str) -> str:
     if "://" not in text:
         sys.stderr.write(f"mqttfl: note: --broker {text!r} has no scheme: taken as {address}\n")
     return str(address)
+
+
+def checked_id(value: str, option: str) -> str:
+    """A client id given as ``option``, checked (:func:`mqttfl.wire.ids.check_id`)."""
+    try:
+        return check_id(value)
+    except WireError as exc:
+        raise UsageError(f"{option}: {exc.detail}") from None
 
 
 def broker_address(args: argparse.Namespace) -> BrokerAddress:

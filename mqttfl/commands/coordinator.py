@@ -21,7 +21,7 @@ from mqttfl.config import RunConfig, load_config
 from mqttfl.errors import StateError, UsageError
 from mqttfl.files import set_aside_dir
 from mqttfl.logs import get_logger
-from mqttfl.paths import check_set_aside, make_dir
+from mqttfl.paths import LOCK_FILE, RunLock, check_set_aside, claim_run_dir
 
 if TYPE_CHECKING:
     from mqttfl.engine.documents import RunSummary
@@ -62,11 +62,12 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     broker = broker_address(args)
     if args.clear_run:
         check_set_aside(args.out, what="--out")
-    make_dir(args.out, what="--out")
+    lock = claim_run_dir(args.out, what="--out")  # or the one `mqttfl run` passed down
     check_shapes(config)
     from mqttfl.nodes.run_lease import claim_run
 
-    earlier = args.clear_run and any(args.out.iterdir())  # before our log lands in it
+    # before our log lands in it
+    earlier = args.clear_run and any(p.name != LOCK_FILE for p in args.out.iterdir())
     setup_logging(config, "coordinator", args.out)
     watch_parent()
     identity = credentials(config, "coordinator")
@@ -76,7 +77,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     resume = None if args.clear_run else _resume(config, args.out)
     asyncio.run(claim_run(config, broker, credentials=identity, clear=args.clear_run))
     if earlier:
-        _start_afresh(config, args.out)
+        lock = _start_afresh(config, args.out, lock)
     from mqttfl.nodes.coordinator import Coordinator
 
     coordinator = Coordinator(
@@ -124,14 +125,18 @@ def _resume(config: RunConfig, out: Path) -> Resume:
         ) from None
 
 
-def _start_afresh(config: RunConfig, out: Path) -> None:
+def _start_afresh(config: RunConfig, out: Path, lock: RunLock) -> RunLock:
     """Set the earlier run's files aside, and start this run's log in the emptied ``out``
-    (what this process logged until now, clearing that run, stays with it)."""
+    (what this process logged until now, clearing that run, stays with it). The lock
+    file went aside with them: ``out`` is locked again, and the lock returned."""
     kept = set_aside_dir(out, what="--out")
+    held = claim_run_dir(out, what="--out")
+    os.close(lock.fd)
     setup_logging(config, "coordinator", out)
     get_logger(run_id=config.run_id, client_id="coordinator").warning(
         "run.set_aside", out=str(out), kept_as=None if kept is None else str(kept)
     )
+    return held
 
 
 def _print_table(config: RunConfig, summary: RunSummary, out: Path, *, train: bool) -> None:

@@ -22,6 +22,7 @@ from mqttfl.commands.data import add_data_commands
 from mqttfl.commands.export import add_export_command
 from mqttfl.commands.extras import missing_package, missing_package_message, not_installed
 from mqttfl.commands.fleet import add_fleet_command
+from mqttfl.commands.logs import add_logs_command
 from mqttfl.commands.models import add_models_command
 from mqttfl.commands.report import add_report_command
 from mqttfl.commands.run import add_run_command
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_command(sub)
     add_broker_commands(sub)
     add_watch_command(sub)
+    add_logs_command(sub)
     add_export_command(sub)
     add_sense_command(sub)
     return parser

@@ -20,7 +20,7 @@ from mqttfl.commands.common import add_config_args, broker_url, positive
 from mqttfl.config import load_config
 from mqttfl.logs import configure_logging, get_logger
 from mqttfl.monitor.buffered import buffer_watch
-from mqttfl.paths import make_dir
+from mqttfl.paths import claim_run_dir
 from mqttfl.privacy.accountant import privacy_settings
 
 if TYPE_CHECKING:
@@ -103,7 +103,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_sample_shapes(config)  # every client's model takes its shard's samples
     # Check --broker here, once, rather than in each of the children it is passed to.
     broker = broker_url(args.broker) if args.broker else None
-    out = make_dir(args.out or default_out_dir(config), what="--out")
+    out = args.out or default_out_dir(config)
+    # Before anything is written there; the coordinator inherits it.
+    lock = claim_run_dir(out, what="--out")
     console, live = console_for(sys.stdout, plain=args.plain)
     configure_logging(
         out / "logs" / "launcher.jsonl",
@@ -125,6 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         coordinator_console="info" if args.verbose else "off",
         client_console="warning" if args.verbose else "off",
         monitor=_monitor_factory(config, console, live),
+        lock=lock,
     )
     reference = config.method != "local" and not args.no_local_reference
     # The reference's shards are made while the federation runs, in the gaps its

@@ -58,10 +58,11 @@ import numpy as np
 from mqttfl.algorithms.base import Algorithm, Context, Upload
 from mqttfl.algorithms.weights import group_key
 from mqttfl.config import FederationConfig, RunConfig
+from mqttfl.engine.actions import Action, Clock, Close, Keep, Phase
 from mqttfl.engine.aggregate import aggregate_checked
 from mqttfl.engine.documents import BufferedBlock, MetricsLine, RunSummary
 from mqttfl.engine.gate import UploadGate
-from mqttfl.engine.rounds import Action, Clock, Close, Keep, Phase, RoundEngine
+from mqttfl.engine.rounds import RoundEngine
 from mqttfl.engine.state import RunState
 from mqttfl.errors import DataError, RejectedUpload, WireError
 from mqttfl.wire import Topics
@@ -94,7 +95,10 @@ class Entry:
 @dataclass
 class BufferGate(UploadGate):
     """The upload gate of buffered mode: uploads of any of the last ``max_staleness``+1
-    rounds, each (round, client) once, from a client selected in that round."""
+    rounds, each (round, client) once, from a client selected in that round, and at most
+    one entry per client in the buffer: a newer upload replaces its sender's entry, an
+    older one is refused (``superseded``), so that no one client can fill the buffer and
+    close a version alone."""
 
     max_staleness: int = 0
     entries: dict[tuple[int, str], Entry] = field(default_factory=dict)  # the buffer
@@ -141,6 +145,16 @@ class BufferGate(UploadGate):
             )
         if (t, client) in self.entries or (t, client) in self.taken:
             raise WireError("duplicate", f"client {client!r} already uploaded for round {t}")
+        held = self.entry_of(client)
+        if held is not None and held.round > t:
+            raise WireError(
+                "superseded",
+                f"client {client!r} has an upload of round {held.round} in the buffer",
+            )
+
+    def entry_of(self, client: str) -> Entry | None:
+        """``client``'s entry in the buffer (at most one)."""
+        return next((e for (_, c), e in self.entries.items() if c == client), None)
 
     def _check(self, t: int, client: str, raw: bytes, info: ClientInfo | None) -> Upload:
         self._screen(t, client, len(raw))
@@ -149,6 +163,7 @@ class BufferGate(UploadGate):
             raise WireError("unknown_client", f"client {client!r} never announced itself")
         if client not in self.asked.get(t, frozenset()):
             raise WireError("not_selected", f"client {client!r} is not selected in round {t}")
+        self.check_budget(client)
         self.schema_for(info).validate(message.body)
         return Upload(client, info, message.body)
 
@@ -161,6 +176,13 @@ class BufferGate(UploadGate):
             self.rejections[exc.reason] += 1
             raise RejectedUpload(exc.reason, exc.detail) from None
         size = wire_bytes if wire_bytes >= 0 else len(raw)
+        replaced = self.entry_of(topic_client)
+        if replaced is not None:  # its older upload: never counted, never taken again
+            key = (replaced.round, topic_client)
+            del self.entries[key]
+            self.taken.add(key)
+            self.accepted.pop(topic_client, None)
+            self.accepted_bytes.pop(topic_client, None)
         self.entries[(t, topic_client)] = Entry(t, upload, size)
         if t == self.round:
             self.accepted[topic_client] = upload
@@ -221,6 +243,7 @@ class BufferedEngine(RoundEngine):
             config.run_id,
             self.fed.max_upload_bytes,
             self.state.rejections,
+            self.state.uploads,
             round=self.state.round,
             max_staleness=self.fed.max_staleness,
         )
@@ -268,8 +291,10 @@ class BufferedEngine(RoundEngine):
         return self.state.to_dict(self.config)
 
     # --- events ------------------------------------------------------------------------
-    def on_upload(self, t: int, client: str, raw: bytes, wire_bytes: int = -1) -> Upload:
+    def on_upload(self, t: int, client: str, raw: bytes, wire_bytes: int = -1) -> Upload | None:
         upload = super().on_upload(t, client, raw, wire_bytes)
+        if upload is None:
+            return None
         self.client_staleness[client] = self.buffer.current() - t
         self.dirty = True
         return upload
@@ -314,8 +339,10 @@ class BufferedEngine(RoundEngine):
         chosen = fresh + sorted(
             self.latest.values(), key=lambda e: client_order(e.upload.client_id)
         )
+        # s(τ) of each entry (one per client: the gate keeps one, `latest` its newest set)
         weights = {e.upload.client_id: staleness_weight(t - e.round, self.fed) for e in chosen}
-        return [self._delta(t, e, weights[e.upload.client_id]) for e in chosen], weights
+        deltas = [self._delta(t, e, staleness_weight(t - e.round, self.fed)) for e in chosen]
+        return deltas, weights
 
     def _delta(self, t: int, entry: Entry, s: float) -> Upload:
         """θ^(t-1) + s·(θ_k - θ^(u-1)) for a weights upload of round u (module docstring)."""
@@ -339,6 +366,7 @@ class BufferedEngine(RoundEngine):
         for entry in entries:
             self.staleness[t - entry.round] += 1
             state.uploads[entry.upload.client_id] += 1  # [privacy]'s accountant counts them
+            self.part(entry.upload.client_id).uploaded += 1
             state.comm["up_bytes"] += entry.bytes
             state.comm["up_count"] += 1
         uploads, weights = self._weighted(t, entries)

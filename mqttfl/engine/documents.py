@@ -1,17 +1,15 @@
 """The documents one room writes and another reads, typed and versioned, in one module.
 
-- :class:`RunSummary`: ``summary.json``, the run's result (the engine writes it at the
-  end, the Local reference adds its block; tables, reports, exports and compare read it);
-- :class:`MetricsLine`: one line of ``metrics.jsonl`` (a client's scores after a round);
+- :class:`RunSummary`: ``summary.json``, the run's result (tables, reports, compare);
+- :class:`MetricsLine`: a line of ``metrics.jsonl`` (a client's scores after a round);
 - :class:`Checkpoint`: ``checkpoint.msgpack``, what a restarted coordinator goes on from;
 - :class:`CompareRow` in :class:`CompareDocument`: ``compare.json``'s rows.
 
-Each is a frozen pydantic model with a ``version``. A file written before versions were
-recorded is version 1 (its shape is checked as any other); a version this code does not
-know is refused in one line naming the file and the version (:func:`known_version`).
-Unknown keys are kept (``extra="allow"``): a document read and written again keeps them.
-Writers go through :func:`summary_bytes`, :func:`metrics_line_text`, :meth:`Checkpoint.to_map`
-and :func:`compare_bytes`, readers through :func:`read_summary`, :func:`read_metrics_file`,
+Each is a frozen pydantic model with a ``version``. A file from before versions is version
+1; a version this code does not know is refused in one line naming the file and the
+version (:func:`known_version`). Unknown keys are kept (``extra="allow"``). Writers go
+through :func:`summary_bytes`, :func:`metrics_line_text`, :meth:`Checkpoint.to_map` and
+:func:`compare_bytes`, readers through :func:`read_summary`, :func:`read_metrics_file`,
 :func:`checkpoint_from_map` and :func:`read_compare`; a malformed file is one
 :class:`~mqttfl.errors.DataError` naming it and the first thing wrong, never a traceback.
 """
@@ -133,11 +131,18 @@ class Means(_Document):
 
 
 class ClientRow(Means):
-    """A client's means over its last five reported rounds, and its traffic."""
+    """A client's means over its last five reported rounds (``last_rounds``), its traffic
+    and its part in the run (:class:`ClientPart`; older summaries lack them)."""
 
     kb_sent: Amount
     kb_received: Amount
     rounds_reported: Count | None = None
+    last_rounds: list[Count] | None = None
+    selected: Count | None = None
+    uploaded: Count | None = None
+    missed: Count | None = None
+    left: list[Count] | None = None
+    rejoined: list[Count] | None = None
 
 
 class Traffic(_Document):
@@ -209,6 +214,7 @@ class RunSummary(_Document):
     split: str | None = None  # which test windows (mqttfl/data/sessions.py)
     ordinal_labels: bool | None = None  # labels are counts (None: shards not readable)
     rounds_completed: Count
+    ended_early: str | None = None  # why the run stopped before its last round
     clients: dict[Name, ClientRow]
     mean: Means
     comm: Traffic
@@ -333,6 +339,16 @@ class SavedDownlinks(_Document):
     personal: dict[str, StrictBytes]
 
 
+class ClientPart(_Document):
+    """Rounds selected, uploaded, missed; when it left and came back (engine/parts.py)."""
+
+    selected: Count = 0
+    uploaded: Count = 0
+    missed: Count = 0
+    left: list[Count] = []  # rounds it left in
+    rejoined: list[Count] = []
+
+
 class Checkpoint(_Document):
     """The run state after the last closed round (:class:`mqttfl.engine.state.RunState`)."""
 
@@ -351,6 +367,7 @@ class Checkpoint(_Document):
     uploads: dict[str, Annotated[StrictInt, Field(ge=0, le=2**62)]] = {}
     buffered: dict[str, Any] = {}  # buffered mode: the buffer, sets and versions
     instance: Annotated[str, Field(pattern="^[0-9a-f]{0,32}$")] = ""  # "": a new one on resume
+    parts: dict[Name, ClientPart] = {}
 
     def to_map(self) -> dict[str, Any]:
         """The map checkpoint.msgpack holds (``buffered`` only when there is one)."""
@@ -373,6 +390,7 @@ class Checkpoint(_Document):
             "uploads": self.uploads,
             **({"buffered": self.buffered} if self.buffered else {}),
             **({"instance": self.instance} if self.instance else {}),
+            **({"parts": {c: p.model_dump() for c, p in self.parts.items()}} if self.parts else {}),
         }
 
 

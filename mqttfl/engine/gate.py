@@ -35,6 +35,8 @@ class UploadGate:
     run_id: str
     max_bytes: int
     rejections: Counter[str] = field(default_factory=Counter)  # shared with the run state
+    # uploads counted per identity (the run state's, for [privacy]'s budget)
+    counted: Counter[str] = field(default_factory=Counter)
     round: int = 0
     open: bool = False
     selected: frozenset[str] = frozenset()
@@ -127,5 +129,20 @@ class UploadGate:
             raise WireError("unknown_client", f"client {client!r} never announced itself")
         if client not in self.selected:
             raise WireError("not_selected", f"client {client!r} is not selected in round {t}")
+        self.check_budget(client)
         self.schema_for(info).validate(message.body)
         return Upload(client, info, message.body)
+
+    def check_budget(self, client: str) -> None:
+        """WireError ``over_budget`` when one more upload of ``client`` would take it past
+        [privacy]'s ε, by the uploads this coordinator counted (a device that lost or reset
+        its own count is held to this one)."""
+        privacy = self.ctx.privacy
+        if privacy is None or not privacy.would_exceed(self.counted[client]):
+            return
+        spent = privacy.spent(self.counted[client])
+        raise WireError(
+            "over_budget",
+            f"client {client!r} spent ε={spent:.4g} of {privacy.epsilon:g} in "
+            f"{self.counted[client]} uploads",
+        )

@@ -85,7 +85,8 @@ def summarize_clients(records: Iterable[MetricsLine]) -> dict[str, ClientRow]:
         by_client.setdefault(record.client_id, {})[record.round] = record
     table: dict[str, ClientRow] = {}
     for client, rounds in sorted(by_client.items(), key=lambda kv: client_order(kv[0])):
-        last = [rounds[t] for t in sorted(rounds)[-LAST_ROUNDS:]]
+        covered = sorted(rounds)[-LAST_ROUNDS:]
+        last = [rounds[t] for t in covered]
         table[client] = ClientRow(
             accuracy=float(np.mean([r.accuracy for r in last])),
             f1=float(np.mean([r.f1 for r in last])),
@@ -93,6 +94,7 @@ def summarize_clients(records: Iterable[MetricsLine]) -> dict[str, ClientRow]:
             kb_sent=sum(r.bytes_up for r in rounds.values()) / 1000,
             kb_received=sum(r.bytes_down for r in rounds.values()) / 1000,
             rounds_reported=len(rounds),
+            last_rounds=covered,
         )
     return table
 

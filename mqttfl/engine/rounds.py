@@ -21,90 +21,44 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from mqttfl.algorithms.base import Algorithm, Context, ServerSide, Upload
 from mqttfl.config import RunConfig
+from mqttfl.engine.actions import (
+    WAITING_FOR_CLIENTS,
+    Action,
+    Announce,
+    ClientRecord,
+    Clock,
+    Close,
+    Finish,
+    Phase,
+)
 from mqttfl.engine.aggregate import aggregate_checked
 from mqttfl.engine.gate import UploadGate
+from mqttfl.engine.held import HeldUpload, HeldUploads
+from mqttfl.engine.roster import Roster
 from mqttfl.engine.selection import Refusals, select_clients
 from mqttfl.engine.sites import SiteNotices
 from mqttfl.engine.state import MetricsLine, RunState, RunSummary, round_progress, run_summary
 from mqttfl.errors import RejectedUpload, RunAborted, WireError
 from mqttfl.logs import get_logger
+from mqttfl.privacy.accountant import BUDGET_EXHAUSTED
 from mqttfl.wire import Topics
 from mqttfl.wire.chunks import framed_size, payload_budget
 from mqttfl.wire.control import Ack, Metrics, Offline, Online, RoundStart, RunStatus, Status
-from mqttfl.wire.downlinks import DownlinkPayloads, encode_downlinks
+from mqttfl.wire.downlinks import encode_downlinks
 from mqttfl.wire.ids import client_order
-from mqttfl.wire.schemas import ClientInfo
 
 RESUME_LISTEN_S = 5.0  # on resume, how long to wait for the statuses of known clients
 WILL_SETTLE_S = 0.5  # after last wills, how long to watch whether our own connection drops too
 RETRY_GRACE_S = 3.0  # before a retry, how long to wait for the clients asked before to be back
 # after a broker restart, how long the clients may take to reconnect (their backoff) and announce
 RECONNECT_GRACE_S = 8.0
-Clock = Callable[[], float]
 
 
-@dataclass
-class ClientRecord:
-    info: ClientInfo
-    online: bool = True
-    responsive: bool = True  # False after a selection it never acknowledged
-
-
-@dataclass(frozen=True)
-class Announce:
-    """Publish the retained run status, then the round's start."""
-
-    start: RoundStart
-    status: RunStatus
-
-
-@dataclass(frozen=True)
-class Close:
-    """Round ``round`` is aggregated: checkpoint, publish the downlinks, mark it closed.
-    With ``checkpoint`` None it is a re-publication after a restart (already saved)."""
-
-    round: int
-    payloads: DownlinkPayloads
-    checkpoint: dict[str, Any] | None
-    log: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Finish:
-    summary: RunSummary
-
-
-@dataclass(frozen=True)
-class Keep:
-    """Write the checkpoint, publish nothing (buffered mode: an upload entered the buffer)."""
-
-    checkpoint: dict[str, Any]
-
-
-Action = Announce | Close | Finish | Keep
-
-
-class Phase(Enum):
-    JOINING = "joining"
-    RESUMING = "resuming"
-    WAITING = "waiting"  # for min_clients live clients
-    RETRY_GRACE = "retry_grace"
-    OPEN = "open"
-    FINAL = "final"  # waiting for the last round's metrics
-    DONE = "done"
-
-
-WAITING_FOR_CLIENTS = (Phase.JOINING, Phase.WAITING)  # client.online lines name who is missing
-
-
-class RoundEngine:
+class RoundEngine(Roster):
     def __init__(
         self,
         config: RunConfig,
@@ -121,7 +75,12 @@ class RoundEngine:
         self.server: ServerSide = algorithm.server(ctx)
         self.state = state or RunState()
         self.gate = UploadGate(
-            algorithm, ctx, config.run_id, self.fed.max_upload_bytes, self.state.rejections
+            algorithm,
+            ctx,
+            config.run_id,
+            self.fed.max_upload_bytes,
+            self.state.rejections,
+            self.state.uploads,
         )
         self.clients: dict[str, ClientRecord] = {}
         self.sites = SiteNotices()
@@ -137,10 +96,14 @@ class RoundEngine:
         self.refused = Refusals()  # selected clients of this round that will not upload
         self.announcement = 0
         self.deadline = self.ack_deadline = self.phase_until = 0.0
+        self.opened_at = -math.inf  # when the newest round opened (federation.pace_s)
         self.last_offline = -math.inf
         self.grace_until = -math.inf
         self.broker_down = False
         self._waiting_logged = False
+        self.privacy = ctx.privacy
+        self.held = HeldUploads()  # uploads that came before their sender's status
+        self.ended = ""  # why the run ended before its last round ("": it did not)
         now = clock()
         if self.state.round > 0:
             self.server.load_state_dict(self.state.server)
@@ -153,26 +116,12 @@ class RoundEngine:
             self.phase, self.phase_until = Phase.FINAL, now + self.fed.final_metrics_timeout_s
 
     # --- events ------------------------------------------------------------------------
-    def live(self) -> list[str]:
-        return sorted((c for c, r in self.clients.items() if r.online), key=client_order)
-
-    def missing(self) -> list[str] | int:
-        """The expected clients not live: their ids where the ids are 0..N-1 (as `broker
-        init --clients N` makes them), else how many."""
-        live = self.live()
-        expected = [str(i) for i in range(self.fed.num_clients)]
-        if set(live) <= set(expected):
-            return [c for c in expected if c not in live]
-        return max(self.fed.num_clients - len(live), 0)
-
-    def selectable(self) -> list[str]:
-        return [c for c in self.live() if self.clients[c].responsive]
-
     def on_status(self, status: Status) -> None:
         """An announcement the method cannot serve raises WireError (and changes nothing)."""
         if isinstance(status, Online):
             self.gate.schema_for(status.info)
             self.clients[status.info.client_id] = ClientRecord(status.info)
+            self.came_back(status.info.client_id)
             self.log.info(
                 "client.online",
                 client=status.info.client_id,
@@ -180,11 +129,16 @@ class RoundEngine:
                 samples=status.info.num_samples,
                 **({"waiting_for": self.missing()} if self.phase in WAITING_FOR_CLIENTS else {}),
             )
+            for held in self.held.take(status.info.client_id):
+                self._decide_held(status.info.client_id, held)
             return
         assert isinstance(status, Offline)
         record = self.clients.get(status.client_id)
+        if record is not None and status.reason == BUDGET_EXHAUSTED:
+            record.budget_spent = True
         if record is not None and record.online:
             record.online = False
+            self.went(status.client_id)
             self.last_offline = self.clock()
             self.log.warning(
                 "client.offline", client=status.client_id, reason=status.reason, round=self.round
@@ -194,6 +148,8 @@ class RoundEngine:
         """Anything a registered client sends proves it is there."""
         record = self.clients.get(client)
         if record is not None:
+            if not record.online:
+                self.came_back(client)
             record.online = record.responsive = True
 
     def on_ack(self, ack: Ack) -> None:
@@ -205,10 +161,15 @@ class RoundEngine:
             if ack.cannot_train:
                 self._refused(ack.round, ack.client_id, f"cannot_train: {ack.cannot_train}")
 
-    def on_upload(self, t: int, client: str, raw: bytes, wire_bytes: int = -1) -> Upload:
+    def on_upload(self, t: int, client: str, raw: bytes, wire_bytes: int = -1) -> Upload | None:
         """Accept an upload or raise RejectedUpload (counted in the run state; the first
-        refusal of a selected client's upload for the open round ends the wait for it)."""
+        refusal of a selected client's upload for the open round ends the wait for it);
+        None: held until its sender, known from the checkpoint, announces itself (held.py)."""
         record = self.clients.get(client)
+        if record is None and client in self.state.clients:
+            self.gate.screen(t, client, len(raw))
+            if self.held.hold(t, client, raw, wire_bytes):
+                return None
         try:
             upload = self.gate.check(t, client, raw, record.info if record else None, wire_bytes)
         except RejectedUpload as exc:
@@ -218,6 +179,14 @@ class RoundEngine:
         self.acked.add(client)
         self.server.prepare(t, upload)
         return upload
+
+    def _decide_held(self, client: str, held: HeldUpload) -> None:
+        try:
+            self.on_upload(held.round, client, held.raw, held.wire_bytes)
+        except RejectedUpload as exc:
+            self.log.warning("upload.rejected", round=held.round, client=client, reason=exc.reason)
+            return
+        self.log.info("upload.released", round=held.round, client=client)
 
     def on_metrics(self, metrics: Metrics) -> MetricsLine | None:
         """The record to journal, or None for a repeat; WireError for one that cannot be
@@ -288,7 +257,7 @@ class RoundEngine:
         if self.phase is Phase.DONE:
             return None
         now = self.clock()
-        timers = [self.phase_until]
+        timers = [self.phase_until, self.opened_at + self.fed.pace_s]
         if self.phase is Phase.OPEN:
             timers += [
                 self.deadline,
@@ -340,8 +309,13 @@ class RoundEngine:
             self._wait_for_live(now)
             return True
         if phase is Phase.WAITING:
+            if now < self.opened_at + self.fed.pace_s:
+                return False  # (wake_at wakes us then)
             if len(self.selectable()) >= self.fed.min_clients:
                 actions.append(self._open(now))
+                return True
+            if self.privacy is not None and self.budgets_left() < self.fed.min_clients:
+                self._end_early(now, "privacy budgets spent")
                 return True
             if not self._waiting_logged:
                 self._waiting_logged = True
@@ -367,14 +341,32 @@ class RoundEngine:
             self._retry(now, "fewer uploads than min_clients")
             return True
         if phase is Phase.FINAL:
-            last = self.config.rounds
+            last = self.state.round
             reported = set(self.live()) <= self.metrics_seen.get(last, set())
             if not reported and now < self.phase_until:
                 return False
             actions.append(Finish(self.summary()))
             self.phase = Phase.DONE
-            self.log.info("run.finished", rounds=last, rejections=dict(self.state.rejections))
+            self.log.info(
+                "run.finished",
+                rounds=last,
+                rejections=dict(self.state.rejections),
+                **({"ended": self.ended} if self.ended else {}),
+            )
         return False
+
+    def _end_early(self, now: float, reason: str) -> None:
+        """No round can gather ``min_clients`` uploads again: the run ends after its last
+        closed round, with its summary saying why."""
+        self.ended = f"{reason} after round {self.state.round} of {self.config.rounds}"
+        self.log.warning(
+            "run.ending",
+            round=self.round,
+            reason=reason,
+            budgets_left=self.budgets_left(),
+            min_clients=self.fed.min_clients,
+        )
+        self.phase, self.phase_until = Phase.FINAL, now + self.fed.final_metrics_timeout_s
 
     def _wait_for_live(self, now: float) -> None:
         self.phase, self.phase_until = Phase.WAITING, now + self.fed.round_timeout_s
@@ -399,6 +391,7 @@ class RoundEngine:
         self.acked = set(self.gate.accepted)
         self.deadline = now + self.fed.round_timeout_s
         self.ack_deadline = now + self.fed.ack_timeout_s
+        self.opened_at = now
         self.announcement = secrets.randbits(62)
         self.phase = Phase.OPEN
         start = RoundStart(
@@ -469,6 +462,7 @@ class RoundEngine:
             )
         downlinks = aggregate_checked(self.server, t, uploads, self.state.rejections, self.log)
         state.uploads.update(self.gate.accepted_bytes.keys())  # the accountant's count
+        self.count_round(self.gate.selected, set(self.gate.accepted))
         for size in self.gate.accepted_bytes.values():
             state.comm["up_bytes"] += size
             state.comm["up_count"] += 1
@@ -499,4 +493,4 @@ class RoundEngine:
         return round_progress(self.records, len(self.clients), t)
 
     def summary(self) -> RunSummary:
-        return run_summary(self.config, self.state, self.records)
+        return run_summary(self.config, self.state, self.records, ended=self.ended or None)

@@ -14,6 +14,7 @@ import numpy as np
 from mqttfl.config import RunConfig
 from mqttfl.engine.documents import (
     Checkpoint,
+    ClientPart,
     MetricsLine,
     PrivacyBlock,
     RunSummary,
@@ -22,6 +23,7 @@ from mqttfl.engine.documents import (
     checkpoint_from_map,
 )
 from mqttfl.engine.journal import Journal, mean_over_clients, read_checkpoint, summarize_clients
+from mqttfl.engine.parts import Part
 from mqttfl.errors import DataError, StateError
 from mqttfl.files import JsonLines, one_line, set_aside, set_aside_tail
 from mqttfl.privacy.accountant import privacy_summary
@@ -71,6 +73,7 @@ class RunState:
     # This run of the run id: made when it starts afresh, kept across resumes, published
     # with every start and run state (a device's state of another instance starts fresh).
     instance: str = field(default_factory=new_instance)
+    parts: dict[str, Part] = field(default_factory=dict)  # each client's part (roster.py)
 
     def to_dict(self, config: RunConfig) -> dict[str, Any]:
         """checkpoint.msgpack's map (:class:`~mqttfl.engine.documents.Checkpoint`)."""
@@ -94,6 +97,7 @@ class RunState:
             uploads=dict(self.uploads),
             buffered=self.buffered,
             instance=self.instance,
+            parts={c: ClientPart.model_construct(**p.to_map()) for c, p in self.parts.items()},
         ).to_map()
 
     @classmethod
@@ -121,6 +125,7 @@ class RunState:
             uploads=Counter(saved.uploads),
             buffered=dict(saved.buffered),
             instance=saved.instance or new_instance(),
+            parts={c: Part(**p.model_dump()) for c, p in saved.parts.items()},
         )
 
 
@@ -203,11 +208,19 @@ def round_progress(records: list[MetricsLine], clients: int, t: int) -> dict[str
     }
 
 
-def run_summary(config: RunConfig, state: RunState, records: list[MetricsLine]) -> RunSummary:
-    """summary.json: per-client metrics (last five rounds), traffic and every counter."""
+def run_summary(
+    config: RunConfig, state: RunState, records: list[MetricsLine], *, ended: str | None = None
+) -> RunSummary:
+    """summary.json: per-client metrics (last five rounds), traffic and every counter;
+    ``ended`` says why the run stopped before its last round."""
     from mqttfl.data.sources import labels_are_ordinal
 
-    table = summarize_clients(records)
+    table = {
+        client: row
+        if client not in state.parts
+        else row.model_copy(update=state.parts[client].to_map())
+        for client, row in summarize_clients(records).items()
+    }
     comm = state.comm
     up_n, down_n = max(comm["up_count"], 1), max(comm["down_count"], 1)
     privacy = privacy_summary(config, state.uploads).get("privacy")
@@ -233,4 +246,5 @@ def run_summary(config: RunConfig, state: RunState, records: list[MetricsLine]) 
         missing_uploads=state.missing_uploads,
         config=config.recorded(),
         **({} if privacy is None else {"privacy": PrivacyBlock.model_validate(privacy)}),
+        **({} if ended is None else {"ended_early": ended}),
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from mqttfl.engine.documents import (
+    ClientRow,
     MetricsLine,
     PrivacyBlock,
     RunSummary,
@@ -182,8 +184,9 @@ def render_markdown(runs: list[RunData], rows: list[MethodRow]) -> str:
             "",
             f"### {run.label} ({run.method}, {run.summary.data_split} split): per client",
             "",
-            "| client | Acc. (%) | Local (%) | gain (pp) | F1 (%) | MAE | KB sent | KB received |",
-            "|---|---|---|---|---|---|---|---|",
+            "| client | Acc. (%) | Local (%) | gain (pp) | F1 (%) | MAE | KB sent | KB received "
+            "| uploaded / selected | left, back (round) | figures of rounds |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for client, scores in run.summary.clients.items():
             local, gain = _reference_cells(run.summary, client)
@@ -191,8 +194,10 @@ def render_markdown(runs: list[RunData], rows: list[MethodRow]) -> str:
             lines.append(
                 f"| {client} | {scores.accuracy * 100:.2f} | {local} | {gain} | "
                 f"{scores.f1 * 100:.2f} | {mae} | "
-                f"{scores.kb_sent:.1f} | {scores.kb_received:.1f} |"
+                f"{scores.kb_sent:.1f} | {scores.kb_received:.1f} | {_part_cells(scores)} |"
             )
+        if _has_dropouts(run):
+            lines += ["", f"![{run.label}: each client's accuracy]({_clients_plot(run)})"]
         lines += privacy_lines(run.summary.privacy)
     lines += [
         "",
@@ -310,6 +315,48 @@ def _client_bars(runs: list[RunData], path: Path) -> dict[str, dict[str, float]]
     return bars
 
 
+def _part_cells(row: ClientRow) -> str:
+    """``uploaded / selected | left, back | figures of rounds`` ("-" where not recorded)."""
+    sel = f"{row.uploaded} / {row.selected}" if row.selected is not None else "-"
+    moves = [
+        f"{gone}" + (f", {back}" if back is not None else ", -")
+        for gone, back in zip_longest(row.left or [], row.rejoined or [])
+    ]
+    covered = row.last_rounds or []
+    span = f"{covered[0]}-{covered[-1]}" if covered else "-"
+    return f"{sel} | {'; '.join(moves) or '-'} | {span}"
+
+
+def _has_dropouts(run: RunData) -> bool:
+    return any(row.left for row in run.summary.clients.values())
+
+
+def _clients_plot(run: RunData) -> str:
+    return f"clients-{run.label}.png"
+
+
+def _client_curves(run: RunData, path: Path) -> None:
+    """Each client's accuracy per round, with the rounds it left (▼) and came back (▲)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    figure = Figure(figsize=(7, 4.2), layout="constrained")
+    ax = figure.subplots()
+    for client, row in run.summary.clients.items():
+        curve = {r.round: r.accuracy for r in run.records if r.client_id == client}
+        (line,) = ax.plot(list(curve), list(curve.values()), label=f"client {client}")
+        for marks, shape in ((row.left or [], "v"), (row.rejoined or [], "^")):
+            ys = [curve.get(t, curve.get(t - 1, 0.0)) for t in marks]
+            ax.scatter(marks, ys, marker=shape, s=70, color=line.get_color(), zorder=3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round (▼ left, ▲ back)")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"{run.label}: each client's accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    figure.savefig(path, dpi=110)
+
+
 def _as_read(part: BaseModel) -> dict[str, Any]:
     """A part of a summary as summary.json holds it (its keys, sorted)."""
     return dict(sorted(part.model_dump(exclude_unset=True).items()))
@@ -333,6 +380,8 @@ def write_report(paths: list[Path], out: Path) -> Path:
     _line_plot(accuracy, "mean client accuracy", "Accuracy per round", out / "accuracy.png")
     _line_plot(kb, "KB per round (all clients, up + down)", "Bytes per round", out / "bytes.png")
     bars = _client_bars(runs, out / "clients.png")
+    for run in filter(_has_dropouts, runs):
+        _client_curves(run, out / _clients_plot(run))
     write_atomic(out / "report.md", render_markdown(runs, rows).encode())
     report = (
         json.dumps(

@@ -8,6 +8,8 @@ bought: the mean gain over training alone.
 
 from __future__ import annotations
 
+from itertools import zip_longest
+
 from mqttfl.engine.documents import LocalReferenceBlock, PrivacyBlock, RunSummary
 from mqttfl.monitor.buffered import buffered_note
 
@@ -66,6 +68,9 @@ def format_table(summary: RunSummary) -> str:
         f"payload per client-round: up {comm.up_bytes_per_client_round / 1000:.2f} KB, "
         f"down {comm.down_bytes_per_client_round / 1000:.2f} KB"
     )
+    lines += dropout_notes(summary)
+    if summary.ended_early:
+        lines.append(f"the run ended early: {summary.ended_early}")
     if summary.rejections:
         lines.append(f"rejected uploads: {summary.rejections}")
     if summary.buffered is not None:  # federation.mode = "buffered"
@@ -77,6 +82,30 @@ def format_table(summary: RunSummary) -> str:
         if verdict:
             lines.append(verdict)
     return "\n".join(lines)
+
+
+def dropout_notes(summary: RunSummary) -> list[str]:
+    """One line per client that missed rounds, left or reported its last metrics before
+    the run's last round: which rounds its figures cover, and when it went and came back."""
+    notes = []
+    last = summary.rounds_completed
+    for client, row in summary.clients.items():
+        said = []
+        if row.selected:
+            said.append(
+                f"uploaded in {row.uploaded} of the {row.selected} rounds it was selected for"
+            )
+        for gone, back in zip_longest(row.left or [], row.rejoined or []):
+            said.append(f"left in round {gone}" + (f", back in round {back}" if back else ""))
+        covered = row.last_rounds or []
+        ends_early = bool(covered) and covered[-1] < last
+        if not (row.missed or row.left or ends_early):
+            continue
+        if covered:
+            span = f"{covered[0]}-{covered[-1]}" if len(covered) > 1 else f"{covered[0]}"
+            said.append(f"its figures are of rounds {span}")
+        notes.append(f"client {client}: " + "; ".join(said))
+    return notes
 
 
 def federation_verdict(summary: RunSummary) -> str | None:

@@ -4,8 +4,11 @@ K``, K fleet processes holding contiguous blocks of the clients; each fleet clie
 has its own identity on the broker).
 
 Everything started here is torn down on success, failure, Ctrl-C or SIGTERM: children
-run in their own sessions and are terminated (then killed) by us, and each child also
-exits by itself if this process disappears (MQTTFL_PARENT_PID).  If every client exits
+run in their own sessions and are terminated (then killed) by us. If this process dies
+without its cleanup (``kill -9``), the kernel sends each child, the broker too, SIGTERM
+(:mod:`mqttfl.processes`), and mqttfl's children also watch for it (MQTTFL_PARENT_PID).
+The coordinator shares the run directory's lock (:func:`mqttfl.paths.claim_run_dir`)
+that the command took before it wrote anything there.  If every client exits
 while the coordinator still runs (a bad shard makes each one fail at start), the run
 stops with an error instead of waiting for clients that will never come.
 
@@ -35,6 +38,8 @@ from mqttfl.engine.documents import RunSummary, read_summary
 from mqttfl.errors import RunAborted, UsageError
 from mqttfl.launch.relay import DRAIN_S, StderrRelay
 from mqttfl.logs import get_logger
+from mqttfl.paths import RunLock
+from mqttfl.processes import end_with_parent
 from mqttfl.provisioning.broker_init import WATCH
 from mqttfl.provisioning.local_broker import LocalBroker, free_port
 from mqttfl.wire.control import COORDINATOR
@@ -87,6 +92,7 @@ class LocalFederation:
         client_console: str = "warning",
         fleets: int | None = None,
         monitor: MonitorFactory | None = None,
+        lock: RunLock | None = None,
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -98,6 +104,7 @@ class LocalFederation:
         # entered while the federation runs: the live view (mqttfl.monitor.progress)
         self.monitor = monitor
         self.fleets = fleets  # None: one process per client
+        self.lock = lock  # of out_dir, passed down to the coordinator (else it takes it)
         self.credentials_dir: Path | None = None  # the local broker's <id>.env files
         self.broker: LocalBroker | None = None
         self.children: dict[str, subprocess.Popen[bytes]] = {}
@@ -127,7 +134,9 @@ class LocalFederation:
         self.credentials = {name: setup.env(name) for name in (COORDINATOR, WATCH, *ids)}
         self.credentials_dir = setup.env_file(COORDINATOR).parent
         # Kept before start(): a signal during the start still stops it in shutdown().
-        self.broker = LocalBroker(work, port=setup.port, conf=setup.conf.read_text())
+        self.broker = LocalBroker(
+            work, port=setup.port, conf=setup.conf.read_text(), end_with_parent=True
+        )
         self.broker.start()
         self.broker_url = self.broker.url
         self.log.info("broker.started", url=self.broker_url, acl=str(setup.out / "acl"))
@@ -144,8 +153,18 @@ class LocalFederation:
             "MQTTFL_CONSOLE_LEVEL": console_level,
             "MQTTFL_LOG_DIR": str(self.out_dir / "logs"),
         }
+        shared: tuple[int, ...] = ()
+        if name == "coordinator" and self.lock is not None:
+            env.update(self.lock.child_env())
+            shared = (self.lock.fd,)
         child = subprocess.Popen(
-            cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE
+            cmd,
+            env=env,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            pass_fds=shared,
+            preexec_fn=end_with_parent(),
         )
         self.children[name] = child
         assert child.stderr is not None

@@ -37,8 +37,8 @@ from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.errors import BrokerError, MqttflError, StateError, WireError
 from mqttfl.logs import get_logger
+from mqttfl.nodes import client_privacy
 from mqttfl.nodes.client_inbox import PendingDownlink, Received, read_for_client
-from mqttfl.nodes.client_privacy import announced, privacy_allows
 from mqttfl.nodes.client_rounds import decline_reason, instance_verdict
 from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path
 from mqttfl.nodes.client_uploads import Uploads
@@ -96,7 +96,7 @@ class ClientRunner:
         self.next_instance = ""  # the run's instance, when the state is of another one
         self.joined = ""  # the run instance we take part in, once the run named it
         self.last_loss = 0.0
-        self.finish_seen = False
+        self.finish_round = 0  # the last round of the finished run (0: not finished)
         self.finished = asyncio.Event()
         self.work: asyncio.Queue[Received] = asyncio.Queue()
         self._acked: set[tuple[int, int]] = set()
@@ -115,7 +115,7 @@ class ClientRunner:
                 trained_round=self.progress.trained_round,
                 applied_round=self.progress.applied_round,
             )
-        online = Online(announced(self.info, self.ctx)).encode(config.run_id)
+        online = Online(client_privacy.announced(self.info, self.ctx)).encode(config.run_id)
         self.bus = Bus(
             broker,
             identifier=f"mqttfl-{config.run_id}-client-{client_id}",
@@ -166,7 +166,7 @@ class ClientRunner:
             return
         self._healed = now
         self.log.warning("status.corrected", reason=forged.reason)
-        online = Online(announced(self.info, self.ctx)).encode(self.config.run_id)
+        online = Online(client_privacy.announced(self.info, self.ctx)).encode(self.config.run_id)
         self._spawn(
             self.bus.publish(self.topics.status(self.client_id), online, retain=True, timeout=30)
         )
@@ -197,7 +197,7 @@ class ClientRunner:
             start, self.client_id, self._now(), refused_round=refused, privacy=self.ctx.privacy
         )
         if reason == "budget_spent":  # it leaves the run now: its 'offline' says why
-            self._spawn(privacy_allows(self, start.round))
+            self._spawn(client_privacy.privacy_allows(self, start.round))
             return
         if reason:  # a start we will not act on: the round need not wait for us
             self.log.info("round.declined", round=start.round, reason=reason)
@@ -290,7 +290,7 @@ class ClientRunner:
         elif isinstance(message, RunStatus) and message.phase == "closed":
             self.closed_round = max(self.closed_round, message.round)
         elif isinstance(message, RunStatus) and message.phase == "finished":
-            self.finish_seen = True
+            self.finish_round = message.round
             self.log.info("run.finishing", round=message.round)
         await self._apply_ready()  # the last round's downlinks before the next round's training
         if start is not None:
@@ -312,8 +312,11 @@ class ClientRunner:
         topic = self.topics.ack(start.round, self.client_id)
         await self.bus.publish(topic, notice.encode(self.config.run_id), timeout=30)
 
-    async def _upload_of(self, t: int) -> bytes:
-        """Round t's upload made anew (restarted since: the model on disk is t's)."""
+    async def _upload_of(self, t: int) -> bytes | None:
+        """Round t's upload made anew (restarted since: the model on disk is t's); with
+        [privacy], the one released, as it was (None: not kept, never released twice)."""
+        if self.ctx.privacy is not None:
+            return client_privacy.kept_release(self, t)
         body = await self._off_loop(self.method.make_upload, t)
         self.schema.validate(body)
         return encode(Message("upload", self.config.run_id, t, self.client_id, body))
@@ -347,7 +350,7 @@ class ClientRunner:
             log.warning("round.skipped", reason="deadline already passed")
             await self._decline(start, "deadline_passed")
             return
-        if not await privacy_allows(self, t):  # its budget is spent: it leaves the run
+        if not await client_privacy.privacy_allows(self, t):  # spent: it leaves the run
             return
         began = time.monotonic()
         self.training_round = t
@@ -378,10 +381,11 @@ class ClientRunner:
             await self._decline(start, exc.reason[:64] or "refused")
             return
         payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
-        await self.uploads.send(t, start.announcement, payload)
         self.progress.trained_round = t
         self.progress.bytes_up[t] = len(payload)
         self.last_loss = float(loss)
+        await client_privacy.keep_release(self, t, payload)  # [privacy]: kept, charged, sent
+        await self.uploads.send(t, start.announcement, payload)
         await self.state_file.save(self.model, self.method, self.progress)
         rss, peak = resident_mb()
         log.info(
@@ -408,7 +412,7 @@ class ClientRunner:
     async def _apply_ready(self) -> None:
         for t in sorted(self.pending):
             pending = self.pending[t]
-            last = self.finish_seen and t == self.config.rounds
+            last = t == self.finish_round
             if pending.broadcast is None or (t > self.closed_round and not last):
                 continue  # held until its round is known closed
             personal_for = pending.broadcast.personal_for or ()
@@ -455,7 +459,7 @@ class ClientRunner:
         )
 
     def _maybe_finish(self) -> None:
-        if self.finish_seen and self.progress.applied_round >= self.config.rounds:
+        if self.finish_round and self.progress.applied_round >= self.finish_round:
             self.finished.set()
 
     # --- whole life ----------------------------------------------------------------------
@@ -483,6 +487,7 @@ class ClientRunner:
             classes=list(self.info.classes),
             samples=self.info.num_samples,
         )
+        client_privacy.warn_if_noise_drowns(self.ctx, self.schema, self.shard.y_train, self.log)
         offline = Offline(self.client_id, "exit").encode(self.config.run_id)
         async with asyncio.TaskGroup() as group:
             tasks = [

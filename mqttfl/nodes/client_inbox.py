@@ -75,6 +75,7 @@ def read_for_client(
         isinstance(message, RunStatus)
         and message.phase == "finished"
         and message.round < config.rounds
+        and not message.ended  # (privacy budgets spent: no round can gather its uploads)
     ):
         raise WireError("range", f"'finished' after round {message.round} of {config.rounds}")
     if isinstance(message, Downlink):

@@ -17,6 +17,7 @@ from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.errors import MqttflError, StateError
+from mqttfl.pidfile import findable_client
 
 
 def run_client_device(
@@ -30,7 +31,21 @@ def run_client_device(
     shard: Shard | None = None,
 ) -> int:
     """Build ``client_id``'s shard (unless given, built for this config) and runner and
-    run it to the end of the run."""
+    run it to the end of the run, in a process named for the client, with a pid file
+    (:mod:`mqttfl.pidfile`)."""
+    with findable_client(state_dir, config.run_id, client_id):
+        return _run_device(config, client_id, broker, state_dir, credentials, shard_dir, shard)
+
+
+def _run_device(
+    config: RunConfig,
+    client_id: str,
+    broker: BrokerAddress,
+    state_dir: Path,
+    credentials: Credentials | None,
+    shard_dir: Path | None,
+    shard: Shard | None,
+) -> int:
     from mqttfl.data.sources import run_client_shard
     from mqttfl.training.memory import release
 

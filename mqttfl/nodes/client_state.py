@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
+import io
 import json
 import os
 import warnings
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 
 from mqttfl.errors import DataError
-from mqttfl.files import one_line
+from mqttfl.files import one_line, write_atomic
 from mqttfl.logs import get_logger
 
 if TYPE_CHECKING:
@@ -228,11 +229,11 @@ class StateFile:
 
     def _write(self, snapshot: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
         if self.owner is not None:
             snapshot = {**snapshot, "owner": asdict(self.owner)}
-        torch.save(snapshot, tmp)
-        os.replace(tmp, self.path)
+        data = io.BytesIO()
+        torch.save(snapshot, data)
+        write_atomic(self.path, data.getvalue(), sync=False)  # never through a planted link
 
     async def save(self, model: torch.nn.Module, method: ClientSide, progress: Progress) -> None:
         """Snapshot now, write in the background (each write waits for the one before)."""

@@ -61,15 +61,17 @@ class Uploads:
         return last.announcement != start.announcement and last.sent < received
 
     async def resend(
-        self, start: RoundStart, received: float, rebuild: Callable[[], Awaitable[bytes]]
+        self, start: RoundStart, received: float, rebuild: Callable[[], Awaitable[bytes | None]]
     ) -> None:
         """Send round t's upload again (``rebuild`` makes it anew from the model on disk
-        when this process did not send it)."""
+        when this process did not send it, or gives None: it cannot be sent again)."""
         t = start.round
         if time.monotonic() > received + start.timeout_s:
             return
         last = self.last
         payload = last.payload if last is not None and last.round == t else await rebuild()
+        if payload is None:
+            return
         await self.send(t, start.announcement, payload)
         self.log.info("upload.resent", round=t, bytes=len(payload), attempt=start.attempt)
 

@@ -26,10 +26,10 @@ from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.transport import Bus, Incoming
 from mqttfl.config import RunConfig
+from mqttfl.engine.actions import Action, Announce, Close, Finish, Keep
 from mqttfl.engine.budget import MAX_SENDERS, RATES
 from mqttfl.engine.buffered import make_engine
 from mqttfl.engine.journal import Journal
-from mqttfl.engine.rounds import Action, Announce, Close, Finish, Keep
 from mqttfl.engine.state import Resume, RunState, RunSummary, check_resume
 from mqttfl.errors import BrokerError, RejectedUpload, RunAborted, WireError
 from mqttfl.logs import get_logger
@@ -327,12 +327,12 @@ class Coordinator:
                 self.engine.on_ack(read_ack(message.payload, run_id=run, round=t, client=client))
             case UploadTopic(t, client):
                 try:
-                    self.engine.on_upload(t, client, message.payload, message.wire_bytes)
+                    taken = self.engine.on_upload(t, client, message.payload, message.wire_bytes)
                 except RejectedUpload as exc:
                     exc.round, exc.client = t, client
                     raise
-                size = len(message.payload)
-                self.log.debug("upload.accepted", round=t, client=client, bytes=size)
+                event = "upload.accepted" if taken is not None else "upload.held"
+                self.log.debug(event, round=t, client=client, bytes=len(message.payload))
             case MetricsTopic(t, client):
                 metrics = read_metrics(message.payload, run_id=run, round=t, client=client)
                 record = self.engine.on_metrics(metrics)
@@ -411,7 +411,10 @@ class Coordinator:
             await self._synced_checkpoint()
             self.journal.write_summary(action.summary)
             last = self.engine.state.round
-            await self._publish_state(RunStatus("finished", last, finished_at=time.time()))
+            ended = action.summary.ended_early or ""
+            await self._publish_state(
+                RunStatus("finished", last, finished_at=time.time(), ended=ended)
+            )
             self.log.info("run.summary", mean=action.summary.mean.model_dump())
 
     async def _close(self, action: Close) -> None:

@@ -7,8 +7,9 @@ issue 29). Forked from a parent that already holds them, every client shares tho
 pages copy-on-write, and pays only for what it writes: its shard, model, optimizer,
 activations and MQTT session. Each child is still a whole device:
 
-- its own OS process (``/proc/<pid>/comm`` is ``client-<id>``, so ``pgrep -x client-3``
-  finds it), killable alone with ``kill -9``, whose last will the broker then fires;
+- its own OS process, named for its run and id with a pid file beside its state
+  (:mod:`mqttfl.pidfile`), killable alone with ``kill -9``, whose last will the broker
+  then fires;
 - its own MQTT session, credentials, shard, model, state file and log file
   (``client-<id>.jsonl``), exactly as `mqttfl client --id <id>` would run it.
 
@@ -232,7 +233,6 @@ class Forks:
             signal.signal(sig, signal.SIG_DFL)
         os.close(self._reports[0])
         try:
-            _name_process(f"client-{client_id}")
             os.environ["MQTTFL_PARENT_PID"] = str(os.getppid())
             from mqttfl.nodes.client_process import run_client_device
 
@@ -270,9 +270,3 @@ class Forks:
             except OSError:
                 pass  # the pipe is full: the line goes to stderr instead
         sys.stderr.write(f"mqttfl: error: client {client_id}: {one_line(error, limit=2000)}\n")
-
-
-def _name_process(name: str) -> None:
-    """``/proc/self/comm`` (15 bytes), which ps, top and pgrep -x show."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/comm").write_text(name[:15])

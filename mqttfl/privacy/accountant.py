@@ -22,12 +22,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from mqttfl.config import MAX_NOISE
+from mqttfl.errors import ConfigError
 from mqttfl.wire.ids import client_order
 
 if TYPE_CHECKING:
     import dp_accounting
 
     from mqttfl.config import RunConfig
+
+#: the reason a client's ``offline`` status gives when its next upload would exceed its budget
+BUDGET_EXHAUSTED = "privacy budget exhausted"
 
 #: relative slack on the budget, so that the noise solved for ε spends exactly ε
 _SLACK = 1e-6
@@ -88,6 +93,13 @@ class PrivacySettings:
             return False
         return self.spent(uploads_so_far + 1) > self.epsilon * (1 + _SLACK)
 
+    def uploads_within_budget(self, most: int) -> int:
+        """How many uploads the budget allows a client, counted up to ``most``."""
+        count = 0
+        while count < most and not self.would_exceed(count):
+            count += 1
+        return count
+
     def declaration(self) -> dict[str, float]:
         """What every upload declares, checked against the run's by the coordinator."""
         return {"dp_clip": self.clip, "dp_noise": self.noise_multiplier, "dp_delta": self.delta}
@@ -95,7 +107,9 @@ class PrivacySettings:
 
 def privacy_settings(config: RunConfig) -> PrivacySettings | None:
     """The run's settings, or None when ``[privacy]`` is off. With ``epsilon`` and no
-    ``noise_multiplier`` the noise is solved so that ⌈fraction · rounds⌉ uploads spend ε."""
+    ``noise_multiplier`` the noise is solved so that ⌈fraction · rounds⌉ uploads spend ε.
+    ConfigError, with the figures, for a mechanism no upload can use: a budget that not
+    one upload fits, or noise past :data:`~mqttfl.config.MAX_NOISE` (every upload noise)."""
     p = config.privacy
     if not p.enabled:
         return None
@@ -105,6 +119,19 @@ def privacy_settings(config: RunConfig) -> PrivacySettings | None:
     if z is None:
         assert p.epsilon is not None
         z = solve_noise(p.epsilon, planned, p.delta)
+        if z > MAX_NOISE:
+            raise ConfigError(
+                "privacy.epsilon",
+                f"{p.epsilon:g} over {planned} planned uploads needs noise multiplier "
+                f"{z:.6g}, above {MAX_NOISE:g}: every upload would be noise",
+            )
+    elif p.epsilon is not None and epsilon_spent(z, 1, p.delta) > p.epsilon * (1 + _SLACK):
+        raise ConfigError(
+            "privacy.noise_multiplier",
+            f"one upload at noise multiplier {z:g} spends ε={epsilon_spent(z, 1, p.delta):.6g} "
+            f"(δ={p.delta:g}), more than privacy.epsilon={p.epsilon:g}: no client could "
+            f"upload even once",
+        )
     return PrivacySettings(
         clip=p.clip,
         noise_multiplier=z,

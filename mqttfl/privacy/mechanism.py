@@ -119,3 +119,16 @@ def private_update(
     update = clip_vector(weights.astype(np.float64) - start, clip)
     noisy = update + rng.normal(0.0, noise_multiplier * clip, update.shape)
     return (start + noisy).astype(np.float32)
+
+
+def noise_ratio(released: np.ndarray, start: np.ndarray, *, clip: float, z: float) -> float:
+    """‖released - θ_start‖₂ / (z·S·√d): about 1 for a DP-FedAvg release of d weights
+    (the noise's norm concentrates at z·S·√d, the clipped update adds at most S), far below
+    1 for an update released without its noise. A signal the coordinator can compute from
+    the upload and the model it started from; it cannot prove the noise was fresh or
+    random (only the device's code can)."""
+    d = released.size
+    if d == 0 or z <= 0 or clip <= 0:
+        return math.inf
+    moved = float(np.linalg.norm(released.astype(np.float64) - start))
+    return moved / (z * clip * math.sqrt(d))

@@ -41,12 +41,14 @@ import secrets
 import shutil
 import stat
 import subprocess
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mqttfl.errors import BrokerError, StateError, UsageError
-from mqttfl.paths import make_dir
+from mqttfl.files import write_atomic
+from mqttfl.paths import first_link, link_refused, make_dir, open_nofollow
 from mqttfl.provisioning.sensors import sensor_acl, sensor_identities, sensor_readers
 from mqttfl.provisioning.sites import (
     EdgeBridge,
@@ -243,24 +245,29 @@ def _run(cmd: list[str], *, cwd: Path) -> None:
 
 
 def _write_private(path: Path, text: str) -> None:
+    """A new file of mode 0600 in place of ``path`` (a link there is refused)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(path, 0o600)
+    write_atomic(path, text.encode(), sync=False, mode=0o600)
 
 
 def write_password_file(path: Path, passwords: dict[str, str]) -> None:
-    """Hash all identities in one mosquitto_passwd call (-U rewrites a plain file in place)."""
+    """Hash all identities in one mosquitto_passwd call. ``-U`` rewrites a plain file in
+    place, through any link and by way of ``<file>.tmp``: it works in a private directory
+    of its own, and the hashed file is then renamed to ``path``."""
     for user, password in passwords.items():
         if ":" in user or "\n" in password:
             raise UsageError(f"identity {user!r} cannot go into a password file")
-    _write_private(path, "".join(f"{user}:{password}\n" for user, password in passwords.items()))
+    if os.path.islink(path):
+        raise link_refused(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".passwd-", dir=path.parent))  # mode 0700
     try:
-        _run([_tool("mosquitto_passwd"), "-U", str(path)], cwd=path.parent)
-    except BaseException:
-        path.unlink(missing_ok=True)  # never leave the plain text behind
-        raise
+        plain = work / path.name
+        _write_private(plain, "".join(f"{u}:{p}\n" for u, p in passwords.items()))
+        _run([_tool("mosquitto_passwd"), "-U", str(plain)], cwd=work)
+        os.replace(plain, path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # never leave the plain text behind
 
 
 def make_tls(tls_dir: Path, hostnames: list[str]) -> None:
@@ -378,6 +385,10 @@ def init_broker(
             f"{out} already holds a broker setup; pass --force to replace its credentials"
         )
     make_dir(out, what="--out")
+    # Mosquitto and its tools write here through any link (its log, its store, passwd.tmp)
+    link = first_link(out)
+    if link is not None:
+        raise link_refused(link)
     (out / "data").mkdir(exist_ok=True)
     bridges = bridges or {}
     for site, members in bridges.items():
@@ -425,7 +436,7 @@ def init_broker(
             out / "mosquitto.conf", conf + "\n".join(bridge_conf(edge, clients, run_id)) + "\n"
         )
     else:
-        (out / "mosquitto.conf").write_text(conf)
+        write_atomic(out / "mosquitto.conf", conf.encode(), sync=False)
     ca = out / "tls" / "ca.crt"
     for identity, password in passwords.items():
         lines = [f"MQTTFL_BROKER__USERNAME={identity}", f"MQTTFL_BROKER__PASSWORD={password}"]
@@ -465,12 +476,12 @@ def service_user(out: Path) -> tuple[pwd.struct_passwd | None, str]:
 def _give(out: Path, user: pwd.struct_passwd, *, tls: bool) -> None:
     """Hand mosquitto's own files to ``user`` (the credentials/ stay with their owner)."""
     log = out / "mosquitto.log"
-    log.touch(mode=0o600)
+    os.close(open_nofollow(log, os.O_WRONLY | os.O_CREAT, 0o600))
     owned = [out, out / "data", out / "passwd", out / "acl", log]
     if tls:
         owned += [out / "tls", *(out / "tls" / n for n in ("ca.crt", "server.crt", "server.key"))]
     for path in owned:
-        os.chown(path, user.pw_uid, user.pw_gid)
+        os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
 
 
 def read_env_file(path: Path) -> dict[str, str]:

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mqttfl.errors import BrokerError
+from mqttfl.files import write_atomic
+from mqttfl.paths import first_link, link_refused, open_nofollow
+from mqttfl.processes import end_with_parent
 
 # The same sizing as broker/mosquitto.conf, for a throwaway broker on 127.0.0.1.
 # {run_as}: started as root, mosquitto would switch to the "mosquitto" user, which cannot
@@ -63,13 +66,16 @@ def port_open(port: int) -> bool:
 
 @dataclass
 class LocalBroker:
-    """A mosquitto child process; ``conf`` may replace the default local config."""
+    """A mosquitto child process; ``conf`` may replace the default local config.
+    ``end_with_parent``: it stops when this process dies, even by ``kill -9``
+    (:mod:`mqttfl.processes`; start it from a thread that lives as long as it should)."""
 
     work_dir: Path
     port: int = field(default_factory=free_port)
     persistence: bool = False
     conf: str | None = None
     process: subprocess.Popen[bytes] | None = None
+    end_with_parent: bool = False
 
     @property
     def url(self) -> str:
@@ -85,23 +91,31 @@ class LocalBroker:
 
     def start(self, *, timeout: float = 10.0) -> LocalBroker:
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        # Mosquitto writes its log and store through any link planted here.
+        link = first_link(self.work_dir)
+        if link is not None:
+            raise link_refused(link)
         text = self.conf or LOCAL_CONF
-        self.conf_path.write_text(
-            text.format(
-                port=self.port,
-                persistence="true" if self.persistence else "false",
-                state_dir=self.work_dir,
-                log_path=self.log_path,
-                run_as="user root\n" if os.geteuid() == 0 else "",  # no effect for other users
-            )
+        conf = text.format(
+            port=self.port,
+            persistence="true" if self.persistence else "false",
+            state_dir=self.work_dir,
+            log_path=self.log_path,
+            run_as="user root\n" if os.geteuid() == 0 else "",  # no effect for other users
         )
+        write_atomic(self.conf_path, conf.encode(), sync=False)
+        os.close(open_nofollow(self.log_path, os.O_WRONLY | os.O_CREAT))
         stderr_path = self.work_dir / "mosquitto.stderr"
-        with open(stderr_path, "wb") as stderr:
+        preexec = end_with_parent() if self.end_with_parent else None
+        with os.fdopen(
+            open_nofollow(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb"
+        ) as stderr:
             self.process = subprocess.Popen(
                 [mosquitto_binary(), "-c", str(self.conf_path)],
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 start_new_session=True,
+                preexec_fn=preexec,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -28,10 +28,11 @@ from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.algorithms.base import ClientSide
 from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
+from mqttfl.engine.actions import Announce, Close, Finish
 from mqttfl.engine.buffered import make_engine
 from mqttfl.engine.documents import RunSummary
 from mqttfl.engine.journal import LAST_ROUNDS as LAST
-from mqttfl.engine.rounds import Announce, Close, Finish, RoundEngine
+from mqttfl.engine.rounds import RoundEngine
 from mqttfl.errors import RejectedUpload
 from mqttfl.nodes.device import build_client_side, round_rng
 from mqttfl.training.metrics import classification_report

@@ -320,9 +320,14 @@ class RunStatus:
     finished_at: float | None = None
     throttled: tuple[str, ...] = ()
     instance: str = ""  # the run instance (RoundStart): which run of this run id
+    # Why a finished run stopped before its last round ("": it ran them all).
+    ended: str = ""
 
     def __post_init__(self) -> None:
         run_instance(self.instance)
+        text_field("ended", self.ended)
+        if self.ended and self.phase != "finished":
+            raise WireError("range", "only a finished run says why it ended")
         if self.phase not in _PHASES:
             raise WireError("range", f"unknown run phase {str(self.phase)[:20]!r}")
         round_number(self.round)
@@ -344,13 +349,17 @@ class RunStatus:
             body["throttled"] = list(self.throttled)
         if self.instance:
             body["instance"] = self.instance
+        if self.ended:
+            body["ended"] = self.ended
         return encode(Message("state", run, self.round, COORDINATOR, body))
 
 
 def read_run_status(raw: bytes, *, run_id: str) -> RunStatus:
     message = read_envelope(raw, "state", run_id, sender=COORDINATOR, round=None)
     body = message.body
-    body_keys(body, {"phase"}, frozenset({"start", "finished_at", "throttled", "instance"}))
+    body_keys(
+        body, {"phase"}, frozenset({"start", "finished_at", "throttled", "instance", "ended"})
+    )
     start = RoundStart.from_body(message.round, body["start"]) if "start" in body else None
     throttled = client_ids("throttled", body.get("throttled", []))
     instance = run_instance(body.get("instance", ""))
@@ -361,6 +370,7 @@ def read_run_status(raw: bytes, *, run_id: str) -> RunStatus:
         body.get("finished_at"),
         throttled,
         instance,
+        text_field("ended", body.get("ended", "")),
     )
 
 

@@ -9,13 +9,23 @@ from mqttfl.errors import WireError
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 BROADCAST = "all"  # the downlink topic level every client reads; never a client's id
+#: what the pattern lets through but a file name must not be: client state is kept in
+#: ``<state dir>/<run id>/client-<id>.pt``
+DOT_NAMES = (".", "..")
 
 
 def check_id(value: str, what: str = "client id") -> str:
-    """An id is safe inside a topic level: no '/', '+', '#', and not the broadcast name."""
-    if not isinstance(value, str) or not _ID.fullmatch(value) or value == BROADCAST:
+    """An id is safe inside a topic level (no '/', '+', '#', not the broadcast name) and
+    as a path component (not '.' or '..')."""
+    if (
+        not isinstance(value, str)
+        or not _ID.fullmatch(value)
+        or value == BROADCAST
+        or value in DOT_NAMES
+    ):
         raise WireError(
-            "bad_id", f"{what} {str(value)[:80]!r} must match {_ID.pattern} and not be 'all'"
+            "bad_id",
+            f"{what} {str(value)[:80]!r} must match {_ID.pattern} and not be 'all', '.' or '..'",
         )
     return value
 
