@@ -78,6 +78,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("install_roles", False),
     Benchmark("sense", False),
     Benchmark("sense_flood", False),
+    Benchmark("sense_injected", False),
     Benchmark("hostile_peer", False),
     Benchmark("privacy", False),
     Benchmark("house", False),

@@ -1,7 +1,10 @@
 """structlog setup: JSON lines to one file per process, readable lines on a TTY.
 
 Event names are dotted verbs (``round.closed``, ``upload.rejected``); ``run_id``,
-``round`` and ``client_id`` are bound as context by the runtime.
+``round`` and ``client_id`` are bound as context by the runtime. Every line of the file
+also says which process wrote it: ``process`` (the file's name, e.g. ``client-3``),
+``pid`` and ``start``, an id of this start of the process, so that two runs appended to
+one file (a device restarted, a run id used again) can be told apart.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import secrets
 import sys
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -29,8 +33,11 @@ _LEVELS = {
 class _Tee:
     """Write each rendered event to the JSON file and, pretty, to the console."""
 
-    def __init__(self, file: TextIO | None, console: TextIO | None, console_level: int):
+    def __init__(
+        self, file: TextIO | None, console: TextIO | None, console_level: int, process: str
+    ):
         self._file = file
+        self._process, self._pid, self._start = process, 0, ""
         self._console = console
         self._console_level = console_level
         self._pretty = structlog.dev.ConsoleRenderer(colors=bool(console and console.isatty()))
@@ -40,7 +47,10 @@ class _Tee:
         if self._console is not None and _LEVELS.get(method, logging.INFO) >= self._console_level:
             self._console.write(self._pretty(logger, method, dict(event)) + "\n")
             self._console.flush()
-        rendered = self._json(logger, method, event)
+        if self._pid != os.getpid():  # (a forked child that kept its parent's set-up)
+            self._pid, self._start = os.getpid(), secrets.token_hex(4)
+        stamp = {"process": self._process, "pid": self._pid, "start": self._start}
+        rendered = self._json(logger, method, {**event, **stamp})
         # JSONRenderer gives bytes only with a bytes-returning serializer, which we don't use.
         line = rendered.decode() if isinstance(rendered, bytes) else rendered
         if self._file is not None:
@@ -78,7 +88,7 @@ def configure_logging(
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            _Tee(file, console, _LEVELS[console_level or level]),
+            _Tee(file, console, _LEVELS[console_level or level], log_file.stem if log_file else ""),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
         logger_factory=lambda *args: _NullLogger(),

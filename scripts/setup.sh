@@ -20,8 +20,26 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
-# torch first, pinned: the CPU wheel; a bare range would pull the CUDA build.
-.venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
+# torch first, as a CPU build: PyPI's Linux wheel is a CUDA build that pulls several GB of
+# NVIDIA wheels. PyTorch's CPU index where it can be reached (a user's machine); else the
+# plain pin, whose CPU wheel lies on disk where that index cannot be reached (CI).
+CPU_INDEX="${MQTTFL_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+pin() {
+    echo "setup: torch==2.13.0 from the configured index (PyTorch's CPU index: $1)" >&2
+    .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
+}
+if ! .venv/bin/python - "$CPU_INDEX" <<'PY' 2>/dev/null
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1] + "/torch/", timeout=8).close()
+PY
+then
+    pin "out of reach"
+elif .venv/bin/python -m pip install -q --disable-pip-version-check \
+        --index-url "$CPU_INDEX" "torch>=2.3"; then
+    echo "setup: torch from PyTorch's CPU index ($CPU_INDEX)" >&2
+else
+    pin "its install failed"
+fi
 # Then the package with every role's extra (a checkout is every role) and the test tools.
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[train,capture,test,images]"
 echo "setup: ready (.venv)" >&2

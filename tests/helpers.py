@@ -34,14 +34,16 @@ def mqttfl(
     )
 
 
-def spawn(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def spawn(
+    *args: str, log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
     """Start `mqttfl ...` as a separate OS process (one per device)."""
     with open(log, "wb") as handle:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
             [sys.executable, "-m", "mqttfl", *args],
             stdout=handle,
             stderr=subprocess.STDOUT,
-            cwd=REPO,
+            cwd=cwd or REPO,
             env={**os.environ, **(env or {})},
             start_new_session=True,
         )

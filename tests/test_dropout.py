@@ -18,6 +18,7 @@ from tests.helpers import FAST, mqttfl, spawn
 
 pytestmark = pytest.mark.slow
 CONFIG = "configs/fedapa-csi.toml"
+ROUND_EVENTS = ("round.started", "round.closed")
 
 
 def test_sigkill_of_one_client_mid_run(broker: LocalBroker, tmp_path: Path) -> None:
@@ -128,6 +129,10 @@ def test_a_client_that_left_and_came_back_is_shown_in_the_results(
     for steady in ("0", "1"):
         assert summary["clients"][steady]["uploaded"] == summary["rounds_completed"]
         assert "left" not in summary["clients"][steady] or not summary["clients"][steady]["left"]
+    # causal order in the coordinator's log: round t-1 closed, then round t started
+    order = [(e["event"], e["round"]) for e in fed.events() if e["event"] in ROUND_EVENTS]
+    for t in range(2, summary["rounds_completed"] + 1):
+        assert order.index(("round.closed", t - 1)) < order.index(("round.started", t))
     table = fed.output("coordinator")
     line = next(x for x in table.splitlines() if x.startswith("client 2: "))
     assert f"left in round {row['left'][0]}, back in round {row['rejoined'][0]}" in line
@@ -139,3 +144,69 @@ def test_a_client_that_left_and_came_back_is_shown_in_the_results(
     cells = f"| {row['uploaded']} / {row['selected']} | {row['left'][0]}, {row['rejoined'][0]} |"
     assert cells in markdown
     assert (report / f"clients-{fed.out.name}.png").stat().st_size > 0
+
+
+def test_the_dropout_demo_walk_through(broker: LocalBroker, tmp_path: Path) -> None:
+    """README, "A dropout demo", command by command from a fresh folder (only shorter:
+    20 rounds paced at 1.5 s): four devices that fetch the run from its manifest, two
+    killed by their pid files, one brought back; `mqttfl logs` tells the story and the
+    final table says who left and came back."""
+    from tests.helpers import REPO
+
+    url, demo = broker.url, str(REPO / "configs" / "dropout-demo.toml")
+    shorter = ["--set", "rounds=20", "--set", "federation.pace_s=1.5"]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def device(cid: str, n: int) -> None:
+        args = ["client", "--run", "dropout-demo", "--id", cid, "--broker", url]
+        procs[f"{cid}.{n}"] = spawn(*args, log=tmp_path / f"{cid}.{n}.out", cwd=tmp_path)
+
+    def coordinator_events(event: str) -> list[dict[str, object]]:
+        found = read_events(tmp_path / "runs" / "demo" / "logs" / "coordinator.jsonl")
+        return [e for e in found if e["event"] == event]
+
+    try:
+        args = ["coordinator", "--config", demo, "--broker", url, "--out", "runs/demo"]
+        procs["coordinator"] = spawn(*args, *shorter, log=tmp_path / "c.out", cwd=tmp_path)
+        for cid in "0123":
+            device(cid, 1)
+        wait_for(lambda: len(coordinator_events("round.closed")) >= 3, timeout=180, what="round 3")
+        for cid in "12":
+            pid_file = f"client-state/dropout-demo/client-{cid}.pid"
+            killed = subprocess.run(["pkill", "-9", "-L", "-F", pid_file], cwd=tmp_path)
+            assert killed.returncode == 0
+        wait_for(
+            lambda: {e["client"] for e in coordinator_events("client.offline")} >= {"1", "2"},
+            timeout=30,
+            what="the last wills of 1 and 2",
+        )
+        device("2", 2)
+        assert procs["coordinator"].wait(timeout=300) == 0
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    told = mqttfl(
+        "logs",
+        "runs/demo",
+        "logs",
+        "--event",
+        "client.*",
+        "--event",
+        "round.closed",
+        "--json",
+        cwd=tmp_path,
+    )
+    assert told.returncode == 0, told.stderr
+    events = [json.loads(line) for line in told.stdout.splitlines()]
+    offline = [e for e in events if e["event"] == "client.offline"]
+    assert {e["client"] for e in offline} == {"1", "2"}
+    assert all(e["reason"] == "connection lost" for e in offline)
+    back = [e for e in events if e["event"] == "client.online" and e.get("client") == "2"]
+    assert back[-1]["timestamp"] > max(e["timestamp"] for e in offline)
+    assert any(e["event"] == "client.resumed" and e["process"] == "client-2" for e in events)
+    table = (tmp_path / "c.out").read_text()
+    assert "client 1: " in table
+    assert "left in round" in table.split("client 1: ")[1].splitlines()[0]
+    assert "back in round" in table.split("client 2: ")[1].splitlines()[0]

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from mqttfl.commands.main import main
-from tests.helpers import REPO
+from tests.helpers import REPO, mqttfl
 
 RUN = "fedapa-csi"
 
@@ -94,7 +94,7 @@ def _names(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
 def test_a_run_directory_is_every_process_merged_in_time_order(
     run_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, events, err = _logs(capsys, str(run_dir))
+    code, events, err = _logs(capsys, str(run_dir), "--level", "debug")
     assert (code, err) == (0, "")
     times = [datetime.fromisoformat(e["timestamp"]) for e in events]
     assert times == sorted(times)
@@ -114,7 +114,7 @@ def test_a_run_directory_is_every_process_merged_in_time_order(
     }
     # files named one by one: the same merge
     files = sorted(str(p) for p in (run_dir / "logs").glob("client-*.jsonl"))
-    code, some, _ = _logs(capsys, *files)
+    code, some, _ = _logs(capsys, *files, "--level", "debug")
     assert {e["process"] for e in some} == {"client-0", "client-1"}
     assert len(some) == 6
 
@@ -122,7 +122,9 @@ def test_a_run_directory_is_every_process_merged_in_time_order(
 def test_one_round_across_the_coordinator_and_its_devices(
     run_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _, events, _ = _logs(capsys, str(run_dir), "--round", "2")
+    _, quiet, _ = _logs(capsys, str(run_dir), "--round", "2")  # info and up by default
+    assert ("coordinator", "upload.accepted") not in _names(quiet)
+    _, events, _ = _logs(capsys, str(run_dir), "--round", "2", "--level", "debug")
     assert _names(events) == [
         ("coordinator", "round.started"),
         ("coordinator", "upload.accepted"),
@@ -132,14 +134,16 @@ def test_one_round_across_the_coordinator_and_its_devices(
         ("coordinator", "round.closed"),
     ]
     # a client: its own lines (also those without a client_id) and the coordinator's about it
-    _, events, _ = _logs(capsys, str(run_dir), "--client", "1")
+    _, events, _ = _logs(capsys, str(run_dir), "--client", "1", "--level", "debug")
     assert _names(events) == [
         ("client-1", "run.joining"),
         ("client-1", "upload.sent"),
         ("coordinator", "upload.accepted"),
         ("client-1", "upload.sent"),
     ]
-    _, events, _ = _logs(capsys, str(run_dir), "--event", "upload.*", "--event", "*.closed")
+    _, events, _ = _logs(
+        capsys, str(run_dir), "--event", "upload.*", "--event", "*.closed", "--level", "debug"
+    )
     assert {e["event"] for e in events} == {
         "upload.sent",
         "upload.accepted",
@@ -203,7 +207,7 @@ def test_readable_lines_name_the_process_and_escape_what_a_terminal_would_act_on
         _line("2026-01-02T10:00:04.5Z", "upload.refused", "error", client_id="2", round=2,
               reason="\x1b[2J\x1b[31mowned", detail={"norm": 1.5}),
     )  # fmt: skip
-    assert main(["logs", str(run_dir), "--round", "2", "--text"]) == 0
+    assert main(["logs", str(run_dir), "--round", "2", "--text", "--level", "debug"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0] == "-- 2026-01-02 (UTC) --"
@@ -381,3 +385,23 @@ def test_follow_waits_for_a_run_directory_to_get_its_logs(tmp_path: Path) -> Non
         assert follower.wait(timeout=30) == 0
         assert follower.stderr is not None
         assert follower.stderr.read() == b""
+
+
+def test_every_line_says_which_process_and_which_start_of_it_wrote_it(tmp_path: Path) -> None:
+    """Two starts of one device appending to one file are told apart by ``start``."""
+    log = tmp_path / "client-3.jsonl"
+    code = (
+        "import sys; from pathlib import Path; from mqttfl.logs import configure_logging, "
+        "get_logger; configure_logging(Path(sys.argv[1]), console=None); "
+        "get_logger(client_id='3').info('client.started')"
+    )
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", code, str(log)], check=True, cwd=REPO)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [line["process"] for line in lines] == ["client-3", "client-3"]
+    assert all(isinstance(line["pid"], int) for line in lines)
+    assert lines[0]["start"] != lines[1]["start"]
+    shown = mqttfl("logs", str(log), "--text")
+    assert shown.returncode == 0, shown.stderr
+    assert "start=" not in shown.stdout.splitlines()[-2]  # the first start: said by its column
+    assert f"start={lines[1]['start']}" in shown.stdout.splitlines()[-1]

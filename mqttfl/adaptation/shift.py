@@ -18,10 +18,11 @@ class (too few windows, or one class dominating them).
 
 **Threshold, from the training sessions only** (:func:`calibrate`): leave-one-session-out.
 Each training session is adapted to as if it were a new day, and τ is the lowest r among
-them: how much adapting a day the model knows can lower the fit. A live session adapts
-where r ≥ τ and keeps the trained statistics where adapting lowers its fit more than it
-lowered any training day's. With one training session its halves (in recording order)
-stand for two days; sessions under :data:`MIN_SESSION` windows are left out.
+them (within :data:`THRESHOLD_RANGE`): how much adapting a day the model knows can lower
+the fit. A live session adapts where r ≥ τ and keeps the trained statistics where
+adapting lowers its fit more than it lowered any training day's. With one training
+session its halves (in recording order) stand for two days; sessions under
+:data:`MIN_SESSION` windows are left out.
 
 The statistic was chosen after looking at the test sessions of ESPectre and the Intel 5300
 recordings (docs/sessions.md, issue 31): ESPectre's training days gave r 0.7-2.3 and its
@@ -53,6 +54,9 @@ VAR_FLOOR = 1e-8
 GATE_VERSION = 1
 #: the fewest windows of a training session that calibrate the threshold
 MIN_SESSION = 8
+#: where a threshold may lie: a fit ratio is a ratio of mean cosines, near 1 on every
+#: session measured (0.47-5.7); past 10 no session would adapt, below 0 every one would
+THRESHOLD_RANGE = (0.0, 10.0)
 
 
 def shift_score(
@@ -111,7 +115,7 @@ class ShiftGate:
             "var": [float(v) for v in self.var],
             "threshold": float(self.threshold),
             "calibration": self.calibration,
-            "session_ratios": [float(v) for v in self.session_ratios],
+            "session_ratios": [float(v) for v in self.session_ratios if np.isfinite(v)],
         }
 
     @classmethod
@@ -134,11 +138,18 @@ class ShiftGate:
         if (arrays["var"] < 0).any():
             raise ValueError("gate.var: a negative variance")
         threshold = data.get("threshold")
-        if not isinstance(threshold, int | float) or np.isnan(threshold):
-            raise ValueError("gate.threshold: not a number")
+        low, high = THRESHOLD_RANGE
+        if (
+            not isinstance(threshold, int | float)
+            or isinstance(threshold, bool)
+            or not low <= threshold <= high
+        ):
+            raise ValueError(f"gate.threshold must lie in {low:g}..{high:g}, got {threshold!r:.40}")
         ratios = data.get("session_ratios", [])
-        if not isinstance(ratios, list):
-            raise ValueError("gate.session_ratios: not a list")
+        if not isinstance(ratios, list) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in ratios
+        ):
+            raise ValueError("gate.session_ratios: not a list of numbers")
         return cls(
             mean=arrays["mean"],
             var=arrays["var"],
@@ -171,4 +182,5 @@ def calibrate(
             ratios.append(fit_ratio(adapted, trained))
     if not ratios:  # no day to learn from: adapt only where the fit does not fall
         return ShiftGate(moments[0], moments[1], 1.0, "none", ())
-    return ShiftGate(moments[0], moments[1], min(ratios), calibration, tuple(ratios))
+    threshold = float(np.clip(min(ratios), *THRESHOLD_RANGE))
+    return ShiftGate(moments[0], moments[1], threshold, calibration, tuple(ratios))

@@ -37,8 +37,15 @@ at or above it, the adaptation above runs. ``gate = false`` adapts every session
 24's FedAPA-S). The gate's figures go out with the client's metrics (``adapted``,
 ``shift_score``, ``fit_ratio``, ``fit_threshold``).
 
+**Not steered by a few windows** (:mod:`mqttfl.adaptation.screen`): windows far from the
+session's others (per-feature mean and spread over time, against the median and MAD of
+all the session's windows) are left out of the estimate (the statistics, the gate's fit,
+the k-means), at most ``screen_fraction`` of them; every window is still classified.
+``screen_fraction = 0`` makes every window count.
+
 Nothing of the test session crosses the wire and no label of it is read. With fewer than
 ``min_adapt_windows`` windows the statistics stay as trained (too few to estimate them).
+A model without BatchNorm has no statistics and no gate: it adapts by the k-means alone.
 """
 
 from __future__ import annotations
@@ -49,7 +56,14 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from pydantic import Field
 
-from mqttfl.adaptation.refine import refine_prototypes
+from mqttfl.adaptation.refine import MAX_REFINE_STEPS, refine_on
+from mqttfl.adaptation.screen import (
+    DEFAULT_FRACTION,
+    DEFAULT_LIMIT,
+    MAX_MIN_ADAPT_WINDOWS,
+    WindowScreen,
+    feature_scale,
+)
 from mqttfl.adaptation.shift import ShiftGate, calibrate, fit_ratio, prototype_fit
 from mqttfl.algorithms.base import Algorithm
 from mqttfl.algorithms.fedapa import FedAPAClient, FedAPAParams, FedAPAServer
@@ -85,10 +99,14 @@ class FedAPASessionParams(FedAPAParams):
     #: "prototypes": cosine k-means from Q_i on the adapted embeddings, ``refine_steps``
     #: steps (0: the nearest Q_i); "head": the (adapted) classifier head
     inference: Literal["prototypes", "head"] = "prototypes"
-    refine_steps: int = Field(5, ge=0)
-    min_adapt_windows: int = Field(8, ge=2)
+    refine_steps: int = Field(5, ge=0, le=MAX_REFINE_STEPS)
+    min_adapt_windows: int = Field(8, ge=2, le=MAX_MIN_ADAPT_WINDOWS)
     #: adapt only where the shift gate finds the session shifted (False: always adapt)
     gate: bool = True
+    #: leave at most this fraction of the windows out of the estimate, those farther than
+    #: ``screen_limit`` from the others (:mod:`mqttfl.adaptation.screen`; 0: all count)
+    screen_fraction: float = Field(DEFAULT_FRACTION, ge=0.0, lt=0.5)
+    screen_limit: float = Field(DEFAULT_LIMIT, ge=1.0, le=1000.0)
 
 
 def renormalize(
@@ -142,6 +160,7 @@ class FedAPASessionClient(FedAPAClient):
     after adapting to it (module docstring)."""
 
     last_decision: GateDecision | None = None
+    last_left_out = 0  # windows the screen left out of the last prediction's estimate
 
     def shift_gate(self) -> ShiftGate | None:
         """The gate calibrated on this client's training sessions (module docstring); None
@@ -151,23 +170,42 @@ class FedAPASessionClient(FedAPAClient):
         available = self.available.numpy().astype(bool)
         return shift_gate(self.model, self.shard, self.q.numpy(), available)
 
+    def window_screen(self) -> WindowScreen | None:
+        """What leaves far windows out of the estimate (None: every window counts), its
+        floor scaled by the training windows' spread."""
+        p: FedAPASessionParams = self.ctx.params
+        if not p.screen_fraction:
+            return None
+        x_train = self.shard.x_train
+        scale = feature_scale(x_train) if len(x_train) else None
+        return WindowScreen(limit=p.screen_limit, fraction=p.screen_fraction, scale=scale)
+
+    def kept(self, x: np.ndarray) -> np.ndarray:
+        """(n,) bool: the windows of ``x`` the estimate is made on."""
+        screen = self.window_screen()
+        return np.ones(len(x), bool) if screen is None else screen.kept(x)
+
     def decide(self, x: np.ndarray) -> GateDecision:
         """Whether the windows ``x`` are adapted to, with the gate's figures."""
-        return self._decide(x)[0]
+        return self._decide(x, self.kept(x))[0]
 
-    def _decide(self, x: np.ndarray) -> tuple[GateDecision, EmbeddingModel | None]:
-        """:meth:`decide`, and the model adapted to ``x`` where the gate built it."""
+    def _decide(
+        self, x: np.ndarray, keep: np.ndarray
+    ) -> tuple[GateDecision, EmbeddingModel | None]:
+        """:meth:`decide`, estimated on the windows kept, and the model adapted to them
+        where the gate built it."""
         p: FedAPASessionParams = self.ctx.params
         if not p.adapt_norm or len(x) < p.min_adapt_windows:
             return GateDecision(False, None, None, None), None
+        fit = x[keep]
         gate = self.shift_gate() if p.gate else None
         if gate is None or self.q is None or self.available is None:
             return GateDecision(True, None, None, None), None
-        batch = eval_batch_size(self.model, x.shape[1:])
-        shift = gate.shift(*layer_input_sums(self.model, x, batch, 0).moments())
+        batch = eval_batch_size(self.model, fit.shape[1:])
+        shift = gate.shift(*layer_input_sums(self.model, fit, batch, 0).moments())
         available = self.available.numpy().astype(bool)
-        model = renormalize(self.model, x)
-        trained, adapted = session_fits(self.model, x, self.q.numpy(), available, model)
+        model = renormalize(self.model, fit)
+        trained, adapted = session_fits(self.model, fit, self.q.numpy(), available, model)
         ratio = fit_ratio(adapted, trained)
         return GateDecision(gate.adapts(ratio), shift, ratio, gate.threshold), model
 
@@ -175,19 +213,22 @@ class FedAPASessionClient(FedAPAClient):
         """The session's labels from its own unlabeled windows ``x`` (module docstring);
         before any Q_i has arrived, the adapted classifier head."""
         p: FedAPASessionParams = self.ctx.params
-        decision, model = self._decide(x)
+        keep = self.kept(x)
+        fit = x[keep]
+        decision, model = self._decide(x, keep)
         self.last_decision = decision
+        self.last_left_out = len(x) - len(fit)
         if not decision.adapted:
             return np.asarray(predict_logits(self.model, x).argmax(axis=1))
-        model = renormalize(self.model, x) if model is None else model
+        model = renormalize(self.model, fit) if model is None else model
         head: np.ndarray = predict_logits(model, x).argmax(axis=1)
         if p.inference == "head" or self.q is None or self.available is None:
             return head
         available = self.available.numpy().astype(bool)
         if not available.any():
             return head
-        labels, _ = refine_prototypes(
-            embed_all(model, x), self.q.numpy().copy(), available, p.refine_steps
+        labels, _ = refine_on(
+            embed_all(model, x), keep, self.q.numpy().copy(), available, p.refine_steps
         )
         return labels
 
@@ -204,6 +245,7 @@ class FedAPASessionClient(FedAPAClient):
         decision = self.last_decision
         if decision is not None:
             metrics["adapted"] = float(decision.adapted)
+            metrics["left_out"] = float(self.last_left_out)
             if decision.shift is not None:
                 metrics["shift_score"] = decision.shift
             if decision.ratio is not None and decision.threshold is not None:

@@ -45,7 +45,10 @@ def add_logs_command(subparsers: Any) -> None:
         help="only events whose name matches GLOB, e.g. 'upload.*' (repeatable: any of them)",
     )
     parser.add_argument(
-        "--level", choices=list(LEVELS), default="debug", help="the lowest level shown"
+        "--level",
+        choices=list(LEVELS),
+        default="info",
+        help="the lowest level shown (default info: debug lines, such as every accepted upload, on asking)",
     )
     parser.add_argument(
         "-n",

@@ -369,13 +369,24 @@ class CaptureFormat:
     load: Loader
     #: reads 1-D feature vectors, one sample per row; None: the format holds none
     features: Callable[[Path], np.ndarray] | None = None
+    #: bits of the signed integers the radio reports each I and Q in; None: not I/Q
+    iq_bits: int | None = None
+
+    @property
+    def iq_range(self) -> tuple[int, int] | None:
+        """The smallest and largest I or Q value the format's radio reports."""
+        if self.iq_bits is None:
+            return None
+        return -(2 ** (self.iq_bits - 1)), 2 ** (self.iq_bits - 1) - 1
 
 
+# I/Q widths: the Linux 802.11n CSI Tool's and ESP-IDF's int8, the Atheros CSI Tool's
+# 10 bits, nexmon_csi's int16 (npz and csv hold whatever was saved in them).
 _FORMATS = (
-    CaptureFormat("intel5300", _path_only(_load_intel)),
-    CaptureFormat("atheros", _path_only(_load_atheros)),
-    CaptureFormat("nexmon", _load_nexmon),
-    CaptureFormat("esp32", _path_only(_load_esp32)),
+    CaptureFormat("intel5300", _path_only(_load_intel), iq_bits=8),
+    CaptureFormat("atheros", _path_only(_load_atheros), iq_bits=10),
+    CaptureFormat("nexmon", _load_nexmon, iq_bits=16),
+    CaptureFormat("esp32", _path_only(_load_esp32), iq_bits=8),
     CaptureFormat("npz", _path_only(_load_npz), features=npz_features),
     CaptureFormat("csv", _path_only(_load_csv), features=read_numeric_csv),
 )

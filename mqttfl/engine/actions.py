@@ -32,6 +32,16 @@ class Announce:
     start: RoundStart
     status: RunStatus
 
+    def fields(self) -> dict[str, Any]:
+        """``round.started``'s fields: its performer logs it, after the close before it."""
+        start = self.start
+        return {
+            "round": start.round,
+            "selected": list(start.selected),
+            "attempt": start.attempt,
+            "deadline_s": start.timeout_s,
+        }
+
 
 @dataclass(frozen=True)
 class Close:

@@ -404,13 +404,6 @@ class RoundEngine(Roster):
             announcement=self.announcement,
             instance=self.state.instance,
         )
-        self.log.info(
-            "round.started",
-            round=t,
-            selected=selected,
-            attempt=attempt,
-            deadline_s=self.fed.round_timeout_s,
-        )
         return Announce(start, RunStatus("open", t, start, instance=self.state.instance))
 
     def _round_done(self, now: float) -> bool:

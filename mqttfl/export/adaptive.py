@@ -18,6 +18,11 @@ So the runtime computes the layered statistics of :mod:`mqttfl.training.normstat
 K passes: pass k feeds the adapted statistics of the layers before k and reads layer k's
 moments (which do not depend on the statistics of k or any later layer).
 :mod:`mqttfl.sensing.adapt` does this with numpy and onnxruntime.
+
+A model without BatchNorm (the MLP on feature vectors) has no statistics to adapt; FedAPA-S
+still predicts with the session's k-means from Q_i there (and no gate: adapting changes
+no embedding, so its fit ratio is 1). Its graph is ``x -> (scores, embedding)``
+(:class:`EmbeddingGraph`), and its ``adaptation`` section lists no layers.
 """
 
 from __future__ import annotations
@@ -35,7 +40,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mqttfl.errors import ModelError
 from mqttfl.models.base import EmbeddingModel
 from mqttfl.sensing.adapt import Adapter, stat_matrix
 from mqttfl.sensing.adaptive_spec import AdaptationSpec
@@ -122,28 +126,48 @@ class AdaptiveGraph(nn.Module):
         return scores, z, torch.stack([sums, squares]), counts
 
 
+class EmbeddingGraph(nn.Module):
+    """``x -> (scores, embedding)`` for a copy of a model without BatchNorm."""
+
+    def __init__(self, model: EmbeddingModel) -> None:
+        super().__init__()
+        import copy
+
+        self.model = copy.deepcopy(model).eval()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.model.embed(x)
+        return self.model.classify(z), z
+
+
 def export_adaptive(
-    graph: AdaptiveGraph,
+    graph: AdaptiveGraph | EmbeddingGraph,
     example: np.ndarray,
     stats: list[tuple[np.ndarray, np.ndarray]],
     path: Path,
     opset: int,
 ) -> None:
     """Trace ``graph`` with the dynamo exporter (a dynamic batch axis on ``x`` and on the
-    per-window outputs); its progress lines and warnings are kept off the output."""
+    per-window outputs); its progress lines and warnings are kept off the output. An
+    :class:`EmbeddingGraph` takes no statistics (``stats`` is empty)."""
     quiet = logging.getLogger("torch.onnx")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     dynamic: dict[str, Any] = {"x": {0: "batch"}, SCORES: {0: "batch"}, EMBEDDING: {0: "batch"}}
+    inputs: tuple[torch.Tensor, ...] = (torch.from_numpy(example),)
+    names, outputs = ["x"], [SCORES, EMBEDDING]
+    if isinstance(graph, AdaptiveGraph):
+        inputs += (torch.from_numpy(stat_matrix(stats)),)
+        names, outputs = ["x", STATS], [SCORES, EMBEDDING, MOMENTS, COUNTS]
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 graph,
-                (torch.from_numpy(example), torch.from_numpy(stat_matrix(stats))),
+                inputs,
                 str(path),
-                input_names=["x", STATS],
-                output_names=[SCORES, EMBEDDING, MOMENTS, COUNTS],
+                input_names=names,
+                output_names=outputs,
                 dynamic_axes=dynamic,
                 opset_version=opset,
                 dynamo=True,
@@ -163,13 +187,15 @@ def _session(path: Path) -> Any:
 
 def adaptation_spec(method: Any, model: EmbeddingModel, name: str) -> AdaptationSpec:
     """What adapts, from a client of a method with ``adapt_norm``: the trained statistics,
-    Q_i and its classes, the refinement settings and the gate (None with ``gate = false``)."""
+    Q_i and its classes, the refinement settings, the gate (None with ``gate = false`` or
+    without BatchNorm) and the screen (None where the method leaves no window out)."""
     from mqttfl.training.normstats import trained_statistics
 
     p = method.ctx.params
     trained = trained_statistics(model)
     q, available = getattr(method, "q", None), getattr(method, "available", None)
     gate = method.shift_gate() if getattr(p, "gate", True) else None
+    screen = method.window_screen() if hasattr(method, "window_screen") else None
     return AdaptationSpec(
         layers=tuple(name for name, _ in norm_layers(model)),
         channels=tuple(len(mean) for mean, _ in trained),
@@ -183,6 +209,7 @@ def adaptation_spec(method: Any, model: EmbeddingModel, name: str) -> Adaptation
         tau=float(getattr(p, "tau", 1.0)),
         gate=gate,
         method=name,
+        screen=screen,
     )
 
 
@@ -198,13 +225,8 @@ def export_adapting(
     from mqttfl.training.normstats import adapted_statistics, with_statistics
 
     model: EmbeddingModel = method.model
-    if not norm_layers(model):
-        raise ModelError(
-            f"model {model.arch} has no BatchNorm layer: nothing adapts its statistics, "
-            "so its method's adapt_norm cannot be exported"
-        )
     spec = adaptation_spec(method, model, name)
-    graph = AdaptiveGraph(model)
+    graph = AdaptiveGraph(model) if spec.normalizes else EmbeddingGraph(model)
     export_adaptive(
         graph, np.ascontiguousarray(x[: min(len(x), 4)]), spec.trained_statistics(), path, opset
     )
@@ -212,9 +234,11 @@ def export_adapting(
     deviation = 0.0
     stats_deviation = 0.0
     if len(x) >= 2:
-        torch_stats = adapted_statistics(model, x, batch)
-        adapted = with_statistics(model, torch_stats)
-        for stats, reference in ((adapter.trained, model), (stat_matrix(torch_stats), adapted)):
+        references = [(adapter.trained, model)]
+        torch_stats = adapted_statistics(model, x, batch) if spec.normalizes else []
+        if torch_stats:
+            references.append((stat_matrix(torch_stats), with_statistics(model, torch_stats)))
+        for stats, reference in references:
             scores = np.concatenate(
                 [adapter.run([SCORES], x[i : i + batch], stats)[0] for i in range(0, len(x), batch)]
             )
@@ -225,7 +249,7 @@ def export_adapting(
                 float(np.max(np.abs(z - embed_all(reference, x, batch)))),
             )
         for (mean, var), (t_mean, t_var) in zip(
-            adapter.layered_statistics(x), torch_stats, strict=True
+            adapter.layered_statistics(x) if torch_stats else [], torch_stats, strict=True
         ):
             scale = np.maximum(np.abs(t_var), 1.0)  # |difference| / max(1, var)
             stats_deviation = max(

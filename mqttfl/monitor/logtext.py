@@ -45,6 +45,7 @@ class TextLines:
         self.width = width  # of the process column; grows to the longest name seen
         self._day: str | None = None
         self._run_id: object = None
+        self._starts: dict[str, object] = {}  # process -> its start id seen last
 
     def __call__(self, event: Event) -> str:
         at = event.at.astimezone(UTC)
@@ -82,6 +83,12 @@ class TextLines:
             if self._run_id is None:
                 self._run_id = value
             return bool(value == self._run_id)
+        if key in ("process", "pid"):  # the process column says it
+            return True
+        if key == "start":  # shown when a process starts anew in the same file
+            seen = self._starts.get(event.process)
+            self._starts[event.process] = value
+            return seen is None or seen == value
         return False
 
     def _style(self, style: str, text: str) -> str:

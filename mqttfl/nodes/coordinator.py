@@ -3,9 +3,8 @@
 It decodes every message from the broker (:mod:`mqttfl.wire.control`, the upload gate),
 within its sender's budget (:mod:`mqttfl.nodes.screen`), hands the engine what survived,
 performs the engine's actions (announce a round, checkpoint and publish its downlinks,
-finish) and wakes the engine at its timers. It keeps the run's lease
-(:class:`~mqttfl.nodes.run_lease.LeaseGuard`). The round logic itself lives in
-:mod:`mqttfl.engine.rounds`, with no MQTT in it.
+finish) and wakes the engine at its timers. It keeps the run's lease (run_lease.py). The
+round logic itself lives in :mod:`mqttfl.engine.rounds`, with no MQTT in it.
 """
 
 from __future__ import annotations
@@ -402,6 +401,7 @@ class Coordinator:
         elif isinstance(action, Announce):
             t = action.start.round
             structlog.contextvars.bind_contextvars(round=t)
+            self.log.info("round.started", **action.fields())  # after the close before it
             self._size_reassembly()
             await self._publish_state(action.status)
             await self.bus.publish(self.topics.start(t), action.start.encode(run))

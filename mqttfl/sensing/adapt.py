@@ -4,13 +4,19 @@ What the federation computes on a session's windows (``FedAPASessionClient.predi
 :mod:`mqttfl.algorithms.fedapa_session`), here with numpy and onnxruntime on the graph of
 :mod:`mqttfl.export.adaptive`:
 
+0. **The screen** (:class:`~mqttfl.adaptation.screen.WindowScreen`, sensor.json's
+   ``adaptation.screen``): windows far from the others' median are left out of steps 1-3,
+   at most a minority of them, so a few injected windows cannot drag the estimate; every
+   window is still classified with it. The count goes with the estimate (``left_out``).
 1. **The layered statistics** (:mod:`mqttfl.training.normstats`'s definition): pass k
    feeds the adapted statistics of layers 0..k-1 (the trained ones after them) and reads
    layer k's per-channel sums, sums of squares and counts, accumulated over bounded
    batches in float64 (:class:`~mqttfl.adaptation.moments.MomentSums`), so the result
    does not depend on the batching. K layers, K passes. Below ``min_adapt_windows``
    windows nothing is estimated: the trained model predicts as it is (its head with the
-   trained statistics).
+   trained statistics). A model without BatchNorm has no statistics to adapt (its
+   graph takes none): steps 1 and 2 are skipped and it adapts by step 3 alone, as the
+   federation does.
 2. **The gate** (:class:`~mqttfl.adaptation.shift.ShiftGate`): the fit ratio r of the
    windows' embeddings to Q_i, adapted over trained (two more passes); where r is below
    the calibrated threshold the trained model predicts as it is. The shift score s (the
@@ -48,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from mqttfl.adaptation.moments import MomentSums
-from mqttfl.adaptation.refine import refine_prototypes
+from mqttfl.adaptation.refine import refine_on
 from mqttfl.adaptation.shift import fit_ratio, prototype_fit
 from mqttfl.sensing.adaptive_spec import AdaptationSpec
 
@@ -76,8 +82,9 @@ class Adaptation:
     score: float | None  # the shift score; None: no gate, or too few windows
     stats: np.ndarray  # (2, ΣC) float32: the graph's statistics input
     prototypes: np.ndarray | None
-    windows: int  # how many windows it was estimated on
+    windows: int  # how many windows it was given (left_out of them not estimated on)
     ratio: float | None = None  # the gate's fit ratio (adapted / trained fit to Q_i)
+    left_out: int = 0  # windows the screen left out of the estimate
 
     def figures(self) -> dict[str, Any]:
         """What each reading made with it says (:class:`~mqttfl.sensing.model.Reading`)."""
@@ -86,6 +93,8 @@ class Adaptation:
 
 def stat_matrix(stats: Statistics) -> np.ndarray:
     """(2, ΣC_k) float32, the graph's ``norm_stats``: every layer's means over its variances."""
+    if not stats:  # a model without BatchNorm
+        return np.zeros((2, 0), np.float32)
     means = np.concatenate([np.asarray(m, np.float64) for m, _ in stats])
     variances = np.concatenate([np.asarray(v, np.float64) for _, v in stats])
     return np.stack([means, variances]).astype(np.float32)
@@ -106,7 +115,7 @@ class Adapter:
     def batch_for(self, x: np.ndarray) -> int:
         """Fewer windows per call where one window's layer inputs are large: a batch's
         float64 copy and its squares of the widest layer within ADAPT_BUDGET_BYTES."""
-        if not len(x):
+        if not len(x) or not self.spec.normalizes:
             return ADAPT_BATCH
         if self.batch is None:
             counts = self.run([self.spec.counts_output], x[:1], self.trained)[0]
@@ -115,10 +124,9 @@ class Adapter:
         return self.batch
 
     def run(self, outputs: list[str], x: np.ndarray, stats: np.ndarray) -> list[np.ndarray]:
-        feed = {
-            self.input_name: np.ascontiguousarray(x, dtype=np.float32),
-            self.spec.statistics_input: stats,
-        }
+        feed = {self.input_name: np.ascontiguousarray(x, dtype=np.float32)}
+        if self.spec.normalizes:
+            feed[self.spec.statistics_input] = stats
         return list(self.session.run(outputs, feed))  # type: ignore[attr-defined]
 
     def layer_sums(self, x: np.ndarray, stats: np.ndarray, k: int) -> MomentSums:
@@ -154,9 +162,13 @@ class Adapter:
         return np.concatenate(parts)
 
     def fixed(
-        self, windows: int, score: float | None = None, ratio: float | None = None
+        self,
+        windows: int,
+        score: float | None = None,
+        ratio: float | None = None,
+        left_out: int = 0,
     ) -> Adaptation:
-        return Adaptation(False, score, self.trained, None, windows, ratio)
+        return Adaptation(False, score, self.trained, None, windows, ratio, left_out)
 
     def adapt(self, x: np.ndarray) -> tuple[Adaptation, np.ndarray | None]:
         """The estimate on ``x`` and, where it adapts with prototypes, the refined
@@ -164,24 +176,30 @@ class Adapter:
         spec = self.spec
         if len(x) < spec.min_adapt_windows:
             return self.fixed(len(x)), None
-        first = self.layer_sums(x, self.trained, 0)
-        stats = stat_matrix(self.layered_statistics(x, first))
+        keep = np.ones(len(x), bool) if spec.screen is None else spec.screen.kept(x)
+        left_out = len(x) - int(keep.sum())
+        fit = x[keep] if left_out else x
+        stats, first = self.trained, None
+        if spec.normalizes:
+            first = self.layer_sums(fit, self.trained, 0)
+            stats = stat_matrix(self.layered_statistics(fit, first))
         q, available = spec.prototypes, spec.available
         z = score = ratio = None
-        if spec.gate is not None and q is not None and available is not None:
+        gate = None if first is None else spec.gate  # none without BatchNorm
+        if gate is not None and first is not None and q is not None and available is not None:
             z = self.embeddings(x, stats)
-            score = spec.gate.shift(*first.moments())
-            trained = prototype_fit(self.embeddings(x, self.trained), q, available)
-            ratio = fit_ratio(prototype_fit(z, q, available), trained)
-            if not spec.gate.adapts(ratio):
-                return self.fixed(len(x), score, ratio), None
+            score = gate.shift(*first.moments())
+            trained = prototype_fit(self.embeddings(fit, self.trained), q, available)
+            ratio = fit_ratio(prototype_fit(z[keep], q, available), trained)
+            if not gate.adapts(ratio):
+                return self.fixed(len(x), score, ratio, left_out), None
         if not spec.uses_prototypes:  # the adapted classifier head
-            return Adaptation(True, score, stats, None, len(x), ratio), None
+            return Adaptation(True, score, stats, None, len(x), ratio, left_out), None
         assert q is not None
         assert available is not None
         z = self.embeddings(x, stats) if z is None else z
-        labels, prototypes = refine_prototypes(z, q.copy(), available, spec.refine_steps)
-        return Adaptation(True, score, stats, prototypes, len(x), ratio), labels
+        labels, prototypes = refine_on(z, keep, q.copy(), available, spec.refine_steps)
+        return Adaptation(True, score, stats, prototypes, len(x), ratio, left_out), labels
 
     def scores(self, adaptation: Adaptation, x: np.ndarray, head_output: str) -> np.ndarray:
         """Class scores of ``x`` under ``adaptation``: cos/τ to the refined prototypes

@@ -57,6 +57,7 @@ def _describe(adaptation: Adaptation, mode: str) -> dict[str, Any]:
         "shift_score": adaptation.score,
         "fit_ratio": adaptation.ratio,
         "adapted_on": adaptation.windows,
+        "left_out": adaptation.left_out,
     }
 
 
@@ -104,6 +105,7 @@ def stream(
                     "adapted": current.adapted,
                     "shift_score": current.score,
                     "fit_ratio": current.ratio,
+                    "left_out": current.left_out,
                     "buffer": stream_adapter.held(),
                 }
             )
@@ -168,6 +170,8 @@ def describe_line(result: dict[str, Any]) -> str:
 
     adapted = "adapted" if result["adapted"] else "not adapted (trained statistics)"
     figures = f"shift score {shown(result['shift_score'])}, fit ratio {shown(result['fit_ratio'])}"
+    if result.get("left_out"):
+        figures += f", {result['left_out']} windows left out of the estimate"
     if result["mode"] == "stream":
         return (
             f"stream order, buffer {result['buffer']}: {result['adapted_readings']} readings "

@@ -1,14 +1,18 @@
 """``sensor.json``'s ``adaptation`` section: what a model that adapts to its session needs.
 
 Written by ``mqttfl export`` for a method with ``adapt_norm`` (FedAPA-S), absent for every
-other method (and in every sensor.json written before issue 31, which still loads). It
-names the ONNX graph's statistics input and its embedding and moment outputs
+other method (and in the files of exports that predate it, which still load). It names
+the ONNX graph's statistics input and its embedding and moment outputs
 (:mod:`mqttfl.export.adaptive`), the normalization layers with their channels and their
-trained statistics (the sensor starts from them), the personalized prototypes Q_i and
-which classes they hold, the refinement settings, FedAPA's temperature τ (the readings'
-confidence is the softmax of cos/τ, as the training's L_g), and the shift gate
-(:class:`~mqttfl.adaptation.shift.ShiftGate`, or null: adapt every session). Parsing
-checks every field and raises ValueError naming it (``adaptation.<field>``).
+trained statistics (the sensor starts from them; none for a model without BatchNorm,
+whose graph has no statistics input and which adapts by the k-means alone), the
+personalized prototypes Q_i and which classes they hold, the refinement settings, FedAPA's
+temperature τ (the readings' confidence is the softmax of cos/τ, as the training's L_g),
+the shift gate (:class:`~mqttfl.adaptation.shift.ShiftGate`, or null: adapt every
+session) and the screen (:class:`~mqttfl.adaptation.screen.WindowScreen`, or null: every
+window counts). Parsing checks every field, within bounds where a value could stall the
+sensor or silently turn adaptation off, and raises ValueError naming it
+(``adaptation.<field>``).
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from mqttfl.adaptation.refine import MAX_REFINE_STEPS
+from mqttfl.adaptation.screen import MAX_MIN_ADAPT_WINDOWS, WindowScreen
 from mqttfl.adaptation.shift import ShiftGate
 
 ADAPT_FORMAT = "mqttfl-adapt/1"
 INFERENCES = ("prototypes", "head")
+TAU_RANGE = (1e-9, 1e9)  # where cos/τ is finite and not flat (FedAPA: 0.5)
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,7 @@ class AdaptationSpec:
     tau: float
     gate: ShiftGate | None
     method: str = ""
+    screen: WindowScreen | None = None  # None: every window counts (exports before it)
     statistics_input: str = "norm_stats"
     embedding_output: str = "embedding"
     moments_output: str = "norm_moments"
@@ -52,6 +60,11 @@ class AdaptationSpec:
             and bool(self.available.any())
         )
 
+    @property
+    def normalizes(self) -> bool:
+        """Whether the model has normalization statistics to adapt (a graph input)."""
+        return bool(self.channels)
+
     def trained_statistics(self) -> list[tuple[np.ndarray, np.ndarray]]:
         return list(zip(self.trained_mean, self.trained_var, strict=True))
 
@@ -59,9 +72,14 @@ class AdaptationSpec:
         return {
             "format": ADAPT_FORMAT,
             "method": self.method,
-            "what": "normalization statistics re-estimated on the unlabeled windows being "
-            "classified (layer by layer), then cosine k-means from the prototypes Q_i; only "
-            "where the gate finds the session shifted",
+            "what": (
+                "normalization statistics re-estimated on the unlabeled windows being "
+                "classified (layer by layer), then cosine k-means from the prototypes Q_i; only "
+                "where the gate finds the session shifted"
+                if self.normalizes
+                else "cosine k-means from the prototypes Q_i on the unlabeled windows being "
+                "classified (no normalization layer to re-estimate)"
+            ),
             "statistics_input": self.statistics_input,
             "embedding_output": self.embedding_output,
             "moments_output": self.moments_output,
@@ -81,6 +99,7 @@ class AdaptationSpec:
             "min_adapt_windows": self.min_adapt_windows,
             "tau": self.tau,
             "gate": None if self.gate is None else self.gate.as_dict(),
+            "screen": None if self.screen is None else self.screen.as_dict(),
         }
 
 
@@ -100,10 +119,12 @@ def _vector(value: Any, length: int, what: str) -> np.ndarray:
     return array
 
 
-def _whole(table: dict[str, Any], key: str, least: int) -> int:
+def _whole(table: dict[str, Any], key: str, least: int, most: int) -> int:
     value = table.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise ValueError(f"adaptation.{key} must be a whole number >= {least}, got {value!r:.40}")
+    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
+        raise ValueError(
+            f"adaptation.{key} must be a whole number in {least}..{most}, got {value!r:.40}"
+        )
     return value
 
 
@@ -114,16 +135,17 @@ def _name(table: dict[str, Any], key: str, default: str) -> str:
     return value
 
 
-def parse_adaptation(data: Any, num_classes: int) -> AdaptationSpec:
-    """The section of :meth:`AdaptationSpec.to_dict`; ValueError naming the bad field."""
+def parse_adaptation(data: Any, num_classes: int, features: int) -> AdaptationSpec:
+    """The section of :meth:`AdaptationSpec.to_dict` for a model of ``num_classes``
+    classes whose samples hold ``features`` per row; ValueError naming the bad field."""
     w = "adaptation."
     if not isinstance(data, dict):
         raise ValueError("adaptation must be an object or absent")
     if data.get("format") != ADAPT_FORMAT:
         raise ValueError(f"{w}format must be {ADAPT_FORMAT!r}, got {data.get('format')!r:.40}")
     layers = data.get("layers")
-    if not isinstance(layers, list) or not layers:
-        raise ValueError(f"{w}layers must list the normalization layers")
+    if not isinstance(layers, list):
+        raise ValueError(f"{w}layers must list the normalization layers (none: an empty list)")
     names: list[str] = []
     channels: list[int] = []
     means: list[np.ndarray] = []
@@ -167,9 +189,21 @@ def parse_adaptation(data: Any, num_classes: int) -> AdaptationSpec:
             raise ValueError(f"{w}available must list true/false per class ({num_classes})")
         available = np.asarray(mask, bool)
     tau = data.get("tau")
-    if not isinstance(tau, int | float) or isinstance(tau, bool) or not tau > 0:
-        raise ValueError(f"{w}tau must be a positive number")
-    gate = None
+    low, high = TAU_RANGE
+    if not isinstance(tau, int | float) or isinstance(tau, bool) or not low <= tau <= high:
+        raise ValueError(f"{w}tau must be a number in {low:g}..{high:g}, got {tau!r:.40}")
+    gate = screen = None
+    if data.get("screen") is not None:
+        try:
+            screen = WindowScreen.from_dict(data["screen"])
+        except ValueError as exc:
+            raise ValueError(f"{w}{exc}") from None
+        if screen.scale is not None and len(screen.scale) != features:
+            raise ValueError(
+                f"{w}screen.scale holds {len(screen.scale)} numbers, a sample {features} features"
+            )
+    if data.get("gate") is not None and not channels:
+        raise ValueError(f"{w}gate needs a normalization layer (layers is empty)")
     if data.get("gate") is not None:
         try:
             gate = ShiftGate.from_dict(data["gate"])
@@ -187,11 +221,12 @@ def parse_adaptation(data: Any, num_classes: int) -> AdaptationSpec:
         inference=str(inference),
         prototypes=prototypes,
         available=available,
-        refine_steps=_whole(data, "refine_steps", 0),
-        min_adapt_windows=_whole(data, "min_adapt_windows", 2),
+        refine_steps=_whole(data, "refine_steps", 0, MAX_REFINE_STEPS),
+        min_adapt_windows=_whole(data, "min_adapt_windows", 2, MAX_MIN_ADAPT_WINDOWS),
         tau=float(tau),
         gate=gate,
         method=str(data.get("method", "")),
+        screen=screen,
         statistics_input=_name(data, "statistics_input", "norm_stats"),
         embedding_output=_name(data, "embedding_output", "embedding"),
         moments_output=_name(data, "moments_output", "norm_moments"),

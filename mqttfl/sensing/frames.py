@@ -12,9 +12,12 @@ A message is either
 Both decode as ``mqttfl data prepare --format esp32`` / ``--format npz`` decode ESP data
 (:func:`mqttfl.data.capture_esp32.esp_iq_to_complex`), rotated into FFT order where the
 ESP reports the bins centred. A frame that is not one of these, has another subcarrier
-count than the model reads, holds NaN, or holds a value beyond ``MAX_IQ`` (1e308 is
-finite in float64 but infinite in the model's float32) raises :class:`FrameError`: the
-sensing loop drops it, counts it and goes on.
+count than the model reads, holds NaN, or holds a value its radio cannot report raises
+:class:`FrameError`: the sensing loop drops it, counts it and goes on. The radio is the
+one the model's captures came from (``preprocess.capture_format``: int8 for the ESP32
+family and the Intel 5300, 10 bits for Atheros, int16 for nexmon), else the ESP's int8
+this frame format carries: a value of 1e8 is no reading of any room, only a way to drag
+the adapting sensor's statistics.
 
 ``t`` is only checked to be a finite number here; whether it is a plausible time is the
 sensing loop's call (:func:`mqttfl.sensing.gateway.frame_time`).
@@ -27,14 +30,20 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
+from mqttfl.data.capture import CAPTURE_FORMATS
 from mqttfl.data.capture_esp32 import esp_iq_to_complex, parse_esp32_csv_tolerant
 from mqttfl.errors import DataError, FrameError
 from mqttfl.sensing.spec import Preprocess
 
 MAX_FRAME_BYTES = 64 * 1024  # an ESP frame is a few hundred bytes
-# Radios give int8 (ESP32, Intel 5300) or int16 (nexmon) I/Q; far past that, a value can
-# only overflow the float32 features (amplitude, normalization) into inf or NaN.
-MAX_IQ = 1e9
+ESP_IQ_RANGE = (-128, 127)  # the int8 of the ESP's buffer, which this frame format carries
+
+
+def iq_range(pre: Preprocess) -> tuple[int, int]:
+    """The I/Q values a frame for this model may hold (module docstring)."""
+    fmt = CAPTURE_FORMATS.get(pre.capture_format or "")
+    own = None if fmt is None else fmt.iq_range
+    return ESP_IQ_RANGE if own is None else own
 
 
 def _iq_values(value: object) -> np.ndarray:
@@ -86,13 +95,14 @@ def decode_frame(payload: bytes, pre: Preprocess) -> tuple[np.ndarray, float | N
             "nan",
             f"NaN or infinite value at I/Q position {int(bad[0])} (subcarrier {int(bad[0]) // 2})",
         )
-    huge = np.flatnonzero(np.abs(values) > MAX_IQ)
-    if huge.size:
-        i = int(huge[0])
+    low, high = iq_range(pre)
+    outside = np.flatnonzero((values < low) | (values > high))
+    if outside.size:
+        i = int(outside[0])
         raise FrameError(
             "range",
-            f"I/Q value {values[i]:.3g} at position {i} (subcarrier {i // 2}) is beyond "
-            f"{MAX_IQ:.0e}, no radio's",
+            f"I/Q value {values[i]:.6g} at position {i} (subcarrier {i // 2}) is outside "
+            f"{low}..{high}, what the radio reports",
         )
     if values.size == 0 or values.size % 2:
         raise FrameError("shape", f"{values.size} I/Q values, expected an even, non-zero count")

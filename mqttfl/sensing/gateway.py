@@ -18,6 +18,11 @@ alive then:
   would delay every reading after the flood ends. Measured (benchmarks/
   bench_sense_flood.py): 10,000 frames/s for 60 s, RSS 90 MB before, 91 MB at its peak,
   the first reading of frames sent after the flood 0.3 s after it.
+* **Out-of-range frames refused in bursts.** A frame holding an I/Q value its radio
+  cannot report (:func:`~mqttfl.sensing.frames.iq_range`) is dropped and counted as
+  ``range``, with one line when such a run of frames begins (not one per frame; at most
+  one every ``OVERFLOW_REPORT_S``) and a ``frames.refused`` event with its length when a
+  frame in range ends it.
 * **Time checked.** A frame's ``t`` is used when it is a plausible time: not before
   2000-01-01 and at most a day ahead of when the frame arrived. Any other stamp (``1e12``,
   ``-1e18``: a clock never set, a counter, a forgery) is replaced by the frame's received
@@ -38,6 +43,7 @@ import numpy as np
 from mqttfl.bus.transport import Incoming
 from mqttfl.data.capture import fft_order_index
 from mqttfl.errors import DataError, FrameError
+from mqttfl.logs import get_logger
 from mqttfl.sensing.frames import decode_frame
 from mqttfl.sensing.pipeline import Window, Windower, frame_rows
 from mqttfl.sensing.spec import Preprocess
@@ -100,6 +106,9 @@ class GatewayFrames:
         # a few windows: readings of a moment past).
         self.batch_frames = max(BATCH_WINDOWS * max(pre.window, pre.stride), 128)
         self._overflow_said: float | None = None  # when the last overflow line was written
+        self.refusing = 0  # frames out of range since the last frame in range
+        self._refusal_said: float | None = None  # bursts: a line every OVERFLOW_REPORT_S at most
+        self.log = get_logger(component="sense", topic=topic)
 
     async def windows(self) -> AsyncIterator[Window]:
         while True:
@@ -129,8 +138,12 @@ class GatewayFrames:
                     raise FrameError("malformed", str(message.error))
                 csi, stamp = decode_frame(message.payload, self.pre)
             except FrameError as exc:
-                self._drop(exc.reason, str(exc), self.frames)
+                if exc.reason == "range":
+                    self._refuse(str(exc), self.frames)
+                else:
+                    self._drop(exc.reason, str(exc), self.frames)
                 continue
+            self._refused_until(self.frames)
             received = message.received + offset
             when = frame_time(stamp, received)
             if when is None and stamp is not None:
@@ -186,6 +199,23 @@ class GatewayFrames:
         n = self.dropped[reason]
         if n <= REPORTED_DROPS or n % 100 == 0:
             self.say(f"dropped frame {number} on {self.topic}: {detail} ({n} dropped for {reason})")
+
+    def _refuse(self, detail: str, number: int) -> None:
+        """A frame out of its radio's range: counted; one line per burst of them."""
+        self.dropped["range"] += 1
+        now, last = time.monotonic(), self._refusal_said
+        if not self.refusing and (last is None or now - last >= OVERFLOW_REPORT_S):
+            self._refusal_said = now
+            self.say(
+                f"refusing frames on {self.topic} from frame {number}: {detail} (dropped, "
+                "counted as range; one line per burst)"
+            )
+        self.refusing += 1
+
+    def _refused_until(self, number: int) -> None:
+        if self.refusing:
+            self.log.info("frames.refused", frames=self.refusing, until=number, reason="range")
+            self.refusing = 0
 
     def _restamp(self, stamp: float, number: int) -> None:
         self.restamped += 1

@@ -71,7 +71,7 @@ class SensorModel:
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         adaptation = self.spec.adaptation
         expected = [self.spec.input_name]
-        if adaptation is not None:
+        if adaptation is not None and adaptation.normalizes:
             expected.append(adaptation.statistics_input)
         if [i.name for i in inputs] != expected:
             names = [i.name for i in inputs]
@@ -105,7 +105,7 @@ class SensorModel:
                 f"classes lists {self.spec.num_classes} classes, the model scores {width}",
             )
         if adaptation is not None:
-            self._check_adaptive(spec_path, inputs[1].shape, by_name)
+            self._check_adaptive(spec_path, inputs[-1].shape, by_name)
 
     def _check_adaptive(
         self, spec_path: Path, stats_shape: list[Any], by_name: dict[str, Any]
@@ -113,21 +113,22 @@ class SensorModel:
         adaptation = self.spec.adaptation
         assert adaptation is not None
         total = sum(adaptation.channels)
-        if list(stats_shape) != [2, total]:
+        if adaptation.normalizes and list(stats_shape) != [2, total]:
             raise DataError(
                 spec_path,
                 f"adaptation.layers has {total} channels in all, the model's statistics "
                 f"input is {list(stats_shape)}",
             )
-        for key in ("embedding_output", "moments_output", "counts_output"):
+        keys = ("embedding_output", "moments_output", "counts_output")
+        for key in keys if adaptation.normalizes else keys[:1]:
             name = getattr(adaptation, key)
             if name not in by_name:
                 raise DataError(
                     spec_path,
                     f"adaptation.{key} is {name!r}, the model's outputs are {list(by_name)}",
                 )
-        counts = by_name[adaptation.counts_output].shape
-        if list(counts) != [len(adaptation.channels)]:
+        counts = by_name[adaptation.counts_output].shape if adaptation.normalizes else []
+        if adaptation.normalizes and list(counts) != [len(adaptation.channels)]:
             raise DataError(
                 spec_path,
                 f"adaptation.layers lists {len(adaptation.channels)} layers, the model reports "
@@ -144,7 +145,7 @@ class SensorModel:
     def scores(self, x: np.ndarray) -> np.ndarray:
         """Class scores of a batch of samples (n, *input.shape)."""
         feed = {self.spec.input_name: np.ascontiguousarray(x, dtype=np.float32)}
-        if self.adapter is not None:
+        if self.adapter is not None and self.adapter.spec.normalizes:
             feed[self.adapter.spec.statistics_input] = self.adapter.trained
         return np.asarray(self.session.run([self.spec.output_name], feed)[0])
 

@@ -107,6 +107,7 @@ class Tally:
     frames: int = 0
     dropped: Counter[str] = field(default_factory=Counter)  # frames, by reason
     skipped: int = 0  # windows whose scores were not finite
+    left_out: int = 0  # windows the estimate in force left out (an adapting model)
     started: float = field(default_factory=time.monotonic)
     first_reading_s: float | None = None
 
@@ -152,6 +153,12 @@ class Sensor:
             raise UsageError("--eval needs --input shard:PATH (labelled windows)")
         if (o.stream or o.curve is not None) and not (o.evaluate and self.adapting):
             raise UsageError("--stream and --curve go with --eval of a model that adapts")
+        least = self.spec.adaptation.min_adapt_windows if self.spec.adaptation else 0
+        if o.buffer < least and not (o.evaluate and not o.stream):
+            raise UsageError(
+                f"--buffer {o.buffer} holds fewer windows than sensor.json's "
+                f"adaptation.min_adapt_windows ({least}): the sensor would never adapt"
+            )
         if o.broker is None and not o.evaluate:
             raise UsageError(
                 "--broker is required (the readings go there), e.g. mqtt://127.0.0.1:1883"
@@ -291,8 +298,14 @@ class Sensor:
     def _adapted(self, adaptation: Adaptation, seconds: float) -> None:
         self.log.info(
             "sense.adapted", windows=adaptation.windows, seconds=round(seconds, 4),
-            **adaptation.figures(),
+            left_out=adaptation.left_out, **adaptation.figures(),
         )  # fmt: skip
+        if adaptation.left_out and not self.tally.left_out:  # a line when it begins
+            self._say(
+                f"the estimate left {adaptation.left_out} of the buffer's {adaptation.windows} "
+                "windows out: far from the others (sensor.json adaptation.screen)"
+            )
+        self.tally.left_out = adaptation.left_out
 
     def _skipped(self, reading: Reading) -> None:
         self.tally.skipped += 1

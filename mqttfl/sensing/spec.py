@@ -275,7 +275,7 @@ def parse_spec(data: Any) -> SensorSpec:
         export=_scalars(data.get("export"), "export"),
         adaptation=None
         if data.get("adaptation") is None
-        else parse_adaptation(data["adaptation"], len(classes)),
+        else parse_adaptation(data["adaptation"], len(classes), shape[-1]),
     )
 
 
