@@ -403,13 +403,16 @@ def test_watch_once_and_piped_against_a_running_federation(
     assert [line for line in lines if re.fullmatch(r"client 2 round 3: accuracy .*", line)]
     assert "rounds closed 3 · rejected messages: none" in lines
     assert not [line for line in lines if line.startswith("rejected")]
-    # The final table: client 1's round-3 metrics (whether its "offline (exit)" as the run
-    # ends reached the watcher before the table was drawn is a race of the run's end).
+    # The final table: client 1's round-3 metrics, and every client gone (the watcher
+    # waits for their exits after the run's final status); piped, no row wraps.
     final = "\n".join(lines)
-    status = r"(online|offline \(exit\))"
+    status = r"offline \(exit\)"
     assert re.search(rf"│ 1 +│ - +│ {status} +│ uploaded +│ +\d\.\d{{3}} │ .* 3 │", final), (
         "\n".join(lines[-12:])
     )
+    assert "clients 0 online, 3 offline" in final
+    rows = [line for line in lines if line.startswith("│")]
+    assert all(line.endswith("│") for line in rows), rows
 
 
 @pytest.mark.slow

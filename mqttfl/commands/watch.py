@@ -22,6 +22,9 @@ from mqttfl.privacy.accountant import privacy_settings
 MANIFEST_LOOK_S = 3.0  # a live run's manifest is retained: it comes at once
 
 
+PIPED_WIDTH = 400
+
+
 def add_watch_command(subparsers: Any) -> None:
     """Register ``mqttfl watch`` on the main parser's subcommands."""
     parser = subparsers.add_parser(
@@ -65,7 +68,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
         keepalive_s=config.broker.keepalive_s,
         connect_timeout_s=config.broker.connect_timeout_s,
     )
-    asyncio.run(run_watch(view, bus, Console(), once=args.once))
+    console = Console()
+    if not console.is_terminal:  # piped: a table as wide as it is, never wrapped at 80
+        console = Console(width=PIPED_WIDTH)
+    asyncio.run(run_watch(view, bus, console, once=args.once))
     if args.once and view.phase == "unknown" and not view.clients:
         raise StateError(
             f"--run {args.run!r}: the broker {broker} holds nothing of this run (no state, "

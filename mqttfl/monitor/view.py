@@ -72,6 +72,9 @@ from mqttfl.wire.topics import (
 
 REFRESH_PER_S = 2.0
 ONCE_LISTEN_S = 2.0  # --once: how long to listen before the snapshot
+# After the run's final status, how long the clients have to say they exited (their
+# 'offline' comes once they reported the last round) before the final table is drawn.
+EXIT_GRACE_S = 5.0
 RETAINED_WINDOW_S = 1.0  # a run status this soon after (re)connecting may be the retained copy
 KEEP_ROUNDS = 3  # per-round upload and ack tallies: the current round and its neighbours
 RECENT_EVENTS = 6  # event lines under the live table
@@ -446,11 +449,14 @@ async def listen(
     emit: Callable[[str], None] = _ignore,
     paint: Callable[[], None] | None = None,
 ) -> None:
-    """Feed the bus's messages to ``view`` until ``until`` (monotonic) or the run finishes;
-    ``paint`` runs REFRESH_PER_S times a second."""
+    """Feed the bus's messages to ``view`` until ``until`` (monotonic), or the run finishes
+    and its clients have said they exited (at most EXIT_GRACE_S more); ``paint`` runs
+    REFRESH_PER_S times a second."""
     next_paint = time.monotonic()
-    while not view.finished:
+    while not view.finished or any(row.online for row in view.clients.values()):
         now = time.monotonic()
+        if view.finished and until is None:
+            until = now + EXIT_GRACE_S  # then every client's exit, or this long
         if until is not None and now >= until:
             return
         if paint is not None and now >= next_paint:
