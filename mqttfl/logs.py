@@ -50,7 +50,7 @@ class _Tee:
         if self._pid != os.getpid():  # (a forked child that kept its parent's set-up)
             self._pid, self._start = os.getpid(), secrets.token_hex(4)
         stamp = {"process": self._process, "pid": self._pid, "start": self._start}
-        rendered = self._json(logger, method, {**event, **stamp})
+        rendered = self._json(logger, method, {**stamp, **event})  # a line's own pid wins
         # JSONRenderer gives bytes only with a bytes-returning serializer, which we don't use.
         line = rendered.decode() if isinstance(rendered, bytes) else rendered
         if self._file is not None:
