@@ -242,7 +242,7 @@ class RoundEngine(Roster):
         self.grace_until = now + RECONNECT_GRACE_S
         if self.phase is Phase.OPEN:
             self.ack_deadline = max(self.ack_deadline, self.grace_until + self.fed.ack_timeout_s)
-            self.log.warning("round.broker_lost", round=self.round, grace_s=RECONNECT_GRACE_S)
+            self.log.warning("round.broker_returned", round=self.round, grace_s=RECONNECT_GRACE_S)
 
     # --- the loop ----------------------------------------------------------------------
     def step(self) -> list[Action]:
