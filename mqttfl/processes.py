@@ -1,9 +1,10 @@
 """Child processes that end with the process that started them, even one killed by
 ``kill -9`` (which runs none of its cleanup).
 
-On Linux the child asks the kernel, between fork and exec, to send it SIGTERM when its
-parent dies (``prctl(PR_SET_PDEATHSIG)``). The request outlives exec, so a program that
-knows nothing of mqttfl (Mosquitto) ends with its parent as well. The kernel sends the
+On Linux the child asks the kernel to send it SIGTERM when its parent dies
+(``prctl(PR_SET_PDEATHSIG)``, made by ``setpriv`` just before it execs the program). The
+request outlives exec, so a program that knows nothing of mqttfl (Mosquitto) ends with
+its parent as well. The kernel sends the
 signal when the *thread* that started the child ends: start such children from a thread
 that lives as long as they should (the launcher starts everything from its main thread).
 Elsewhere nothing is requested; mqttfl's own children also watch their parent
@@ -17,8 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-import signal
+import shutil
 import sys
 from collections.abc import Callable
 
@@ -41,20 +41,16 @@ def _prctl() -> Callable[..., int] | None:
     return prctl
 
 
-def end_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """A ``preexec_fn`` for :class:`subprocess.Popen`: the child gets ``sig`` when this
-    process dies. None where the platform has no such request."""
-    prctl = _prctl()  # looked up here: the child only calls it
-    if prctl is None:
-        return None
-    parent = os.getpid()
-
-    def request() -> None:
-        prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
-        if os.getppid() != parent:  # it died before the request was made
-            os.kill(os.getpid(), sig)
-
-    return request
+def end_with_parent(cmd: list[str], sig: str = "TERM") -> list[str]:
+    """``cmd`` made to receive SIG``sig`` when this process dies: run through util-linux's
+    ``setpriv --pdeathsig``, which makes the request and then execs ``cmd``. Nothing runs
+    in Python between fork and exec (a ``preexec_fn`` there can deadlock the child of a
+    process with threads, such as the launcher's stderr relays). ``cmd`` as it is where
+    setpriv is missing (mqttfl's own children still watch MQTTFL_PARENT_PID)."""
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    if setpriv is None:
+        return cmd
+    return [setpriv, "--pdeathsig", sig, "--", *cmd]
 
 
 def set_process_name(name: str) -> bool:

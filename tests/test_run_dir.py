@@ -66,6 +66,15 @@ def _start_run(out: Path, *extra: str) -> subprocess.Popen[bytes]:
         )
 
 
+def _coordinator_of(out: Path) -> int:
+    """The pid of the coordinator that ``mqttfl run`` started for ``out``."""
+    for pid in _pids_mentioning(str(out)):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"coordinator" in argv:
+            return pid
+    raise AssertionError(f"no coordinator of {out} is running")
+
+
 def _pids_mentioning(text: str) -> list[int]:
     """Live processes whose command line names ``text`` (every process of a run names
     its run directory: the broker its conf, the clients their state dir)."""
@@ -141,8 +150,12 @@ def test_kill_9_of_the_launcher_ends_the_broker_coordinator_and_clients(tmp_path
 def test_a_second_run_on_the_same_out_stops_in_one_line_naming_the_first(tmp_path: Path) -> None:
     out = tmp_path / "run"
     first = _start_run(out, "rounds=6")
+    coordinator_pid = 0
     try:
         _wait_for("round 1 started", lambda: _round_started(out, 1), 90)
+        # its coordinator paused: the first run is surely still going while the others try
+        coordinator_pid = _coordinator_of(out)
+        os.kill(coordinator_pid, signal.SIGSTOP)
         passwd = (out / "broker" / "passwd").read_bytes()
         second = mqttfl(*_run_args(out, "rounds=6"), timeout=120)
         line = one_line_error(second)
@@ -160,8 +173,12 @@ def test_a_second_run_on_the_same_out_stops_in_one_line_naming_the_first(tmp_pat
         )
         assert f"in use by process {first.pid}" in one_line_error(coordinator)
         assert (out / "broker" / "passwd").read_bytes() == passwd  # its credentials stand
+        os.kill(coordinator_pid, signal.SIGCONT)
         assert first.wait(timeout=180) == 0, (tmp_path / "run.stderr").read_text()[-3000:]
     finally:
+        if coordinator_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(coordinator_pid, signal.SIGCONT)
         if first.poll() is None:
             first.kill()
             first.wait()

@@ -158,13 +158,12 @@ class LocalFederation:
             env.update(self.lock.child_env())
             shared = (self.lock.fd,)
         child = subprocess.Popen(
-            cmd,
+            end_with_parent(cmd),
             env=env,
             start_new_session=True,
             stdin=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             pass_fds=shared,
-            preexec_fn=end_with_parent(),
         )
         self.children[name] = child
         assert child.stderr is not None

@@ -106,16 +106,15 @@ class LocalBroker:
         write_atomic(self.conf_path, conf.encode(), sync=False)
         os.close(open_nofollow(self.log_path, os.O_WRONLY | os.O_CREAT))
         stderr_path = self.work_dir / "mosquitto.stderr"
-        preexec = end_with_parent() if self.end_with_parent else None
+        cmd = [mosquitto_binary(), "-c", str(self.conf_path)]
         with os.fdopen(
             open_nofollow(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb"
         ) as stderr:
             self.process = subprocess.Popen(
-                [mosquitto_binary(), "-c", str(self.conf_path)],
+                end_with_parent(cmd) if self.end_with_parent else cmd,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 start_new_session=True,
-                preexec_fn=preexec,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
