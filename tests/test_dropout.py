@@ -18,7 +18,6 @@ from tests.helpers import FAST, mqttfl, spawn
 
 pytestmark = pytest.mark.slow
 CONFIG = "configs/fedapa-csi.toml"
-ROUND_EVENTS = ("round.started", "round.closed")
 
 
 def test_sigkill_of_one_client_mid_run(broker: LocalBroker, tmp_path: Path) -> None:
@@ -129,10 +128,6 @@ def test_a_client_that_left_and_came_back_is_shown_in_the_results(
     for steady in ("0", "1"):
         assert summary["clients"][steady]["uploaded"] == summary["rounds_completed"]
         assert "left" not in summary["clients"][steady] or not summary["clients"][steady]["left"]
-    # causal order in the coordinator's log: round t-1 closed, then round t started
-    order = [(e["event"], e["round"]) for e in fed.events() if e["event"] in ROUND_EVENTS]
-    for t in range(2, summary["rounds_completed"] + 1):
-        assert order.index(("round.closed", t - 1)) < order.index(("round.started", t))
     table = fed.output("coordinator")
     line = next(x for x in table.splitlines() if x.startswith("client 2: "))
     assert f"left in round {row['left'][0]}, back in round {row['rejoined'][0]}" in line

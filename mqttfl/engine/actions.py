@@ -33,7 +33,7 @@ class Announce:
     status: RunStatus
 
     def fields(self) -> dict[str, Any]:
-        """``round.started``'s fields: its performer logs it, after the close before it."""
+        """``round.started``'s fields."""
         start = self.start
         return {
             "round": start.round,

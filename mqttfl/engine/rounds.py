@@ -404,7 +404,9 @@ class RoundEngine(Roster):
             announcement=self.announcement,
             instance=self.state.instance,
         )
-        return Announce(start, RunStatus("open", t, start, instance=self.state.instance))
+        announce = Announce(start, RunStatus("open", t, start, instance=self.state.instance))
+        self.log.info("round.started", **announce.fields())  # when its clients are chosen
+        return announce
 
     def _round_done(self, now: float) -> bool:
         if self.broker_down:

@@ -401,7 +401,6 @@ class Coordinator:
         elif isinstance(action, Announce):
             t = action.start.round
             structlog.contextvars.bind_contextvars(round=t)
-            self.log.info("round.started", **action.fields())  # after the close before it
             self._size_reassembly()
             await self._publish_state(action.status)
             await self.bus.publish(self.topics.start(t), action.start.encode(run))
