@@ -191,24 +191,31 @@ def test_straggler_late_upload_is_stale_and_it_catches_up(
     broker: LocalBroker, tmp_path: Path
 ) -> None:
     # Client 2 is a slow device (more local epochs); it is frozen mid-training in round 2.
-    # The deadline is sized for its training on a loaded machine: thawed, it finishes round
-    # 2 (late) while round 3 is open, then must train round 3 within what is left of that
-    # deadline. At 11 s a round on a machine running a full suite beside it, 20 s left it
-    # late in round 3 too. The logic alone runs on the injected clock:
+    # Thawed when round 3 opens, it finishes round 2 (late) and must then train round 3
+    # within what is left of round 3's deadline: 25 epochs take about 7 s a round on a
+    # machine running a full suite beside it (40 took 11 s and left it late in round 3
+    # too). The deadline stays below the broker's keepalive (a paused client's connection
+    # is dropped after 1.5 keepalives). The logic alone runs on the injected clock:
     # tests/test_engine.py::test_a_straggler_late_upload_is_stale_and_...
-    with Federation(
-        tmp_path,
-        broker,
-        clients=3,
-        rounds=3,
-        overrides=[
-            "federation.round_timeout_s=35",
-            'federation.device_keys=["train.local_epochs"]',  # a device's own pace
-        ],
-        client_overrides={"2": ["train.local_epochs=40"]},
-    ) as fed:
+    with (
+        Federation(
+            tmp_path,
+            broker,
+            clients=3,
+            rounds=3,
+            overrides=[
+                "federation.round_timeout_s=20",
+                'federation.device_keys=["train.local_epochs"]',  # a device's own pace
+            ],
+            client_overrides={"2": ["train.local_epochs=25"]},
+        ) as fed,
+        Witness(broker.port, [f"{BASE}/round/2/ack/2"]) as acks,
+    ):
         fed.start()
         fed.wait_training("2", 2, timeout=90)  # frozen mid-training, whatever the machine's speed
+        # ...once its acknowledgement is out (sent beside the training: a pause before it
+        # would make it a client that never answered, left out of round 3)
+        fed.wait_for(acks.seen, timeout=30, what="client 2's acknowledgement of round 2")
         fed.stop("2")
         stopped_at = [time.time()]
         fed.wait_round_started(3, timeout=60)  # round 2 closed at its deadline without client 2
