@@ -133,12 +133,17 @@ class UploadGate:
         self.schema_for(info).validate(message.body)
         return Upload(client, info, message.body)
 
+    def over_budget(self, client: str) -> bool:
+        """One more upload of ``client`` would take it past [privacy]'s ε (our count)."""
+        privacy = self.ctx.privacy
+        return privacy is not None and privacy.would_exceed(self.counted[client])
+
     def check_budget(self, client: str) -> None:
         """WireError ``over_budget`` when one more upload of ``client`` would take it past
         [privacy]'s ε, by the uploads this coordinator counted (a device that lost or reset
         its own count is held to this one)."""
         privacy = self.ctx.privacy
-        if privacy is None or not privacy.would_exceed(self.counted[client]):
+        if privacy is None or not self.over_budget(client):
             return
         spent = privacy.spent(self.counted[client])
         raise WireError(

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mqttfl.engine.parts import Part
-from mqttfl.errors import WireError
 from mqttfl.wire.ids import client_order
 
 if TYPE_CHECKING:
@@ -45,13 +44,7 @@ class Roster:
     def spent(self, client: str) -> bool:
         """[privacy]: ``client`` can upload no more, by our count or by its own word."""
         record = self.clients.get(client)
-        if record is not None and record.budget_spent:
-            return True
-        try:
-            self.gate.check_budget(client)
-        except WireError:
-            return True
-        return False
+        return (record is not None and record.budget_spent) or self.gate.over_budget(client)
 
     def budgets_left(self) -> int:
         """Clients that may still upload (expected ones not heard of yet count)."""
