@@ -5,7 +5,7 @@ The adapted statistics, the gate's fit and the k-means are means over the window
 classified, so a few windows unlike any other drag them where they like: 16 windows of
 frames any ESP can report (all 127, all 0, noise) among ESPectre C3's 240 held-out windows
 took it from 0.98 to 0.75, and on its 120-window session they turned the gate off
-(BENCHMARKS.md, "A sensor a few frames can't steer"). So before the estimate each window
+(docs/benchmarks/sensing.md, "A sensor a few frames can't steer"). So before the estimate each window
 is described, per feature, by its mean over time and the log of its standard deviation
 over time (a feature vector: by itself). Each coordinate is centred on the windows'
 median and scaled by their median absolute deviation (x 1.4826: a standard deviation of

@@ -1,6 +1,6 @@
 """The shift gate: adapt a session only where adapting fits it to the federation's classes.
 
-Issue 31 and docs/sessions.md: re-estimating the normalization statistics on a new session
+docs/sessions.md: re-estimating the normalization statistics on a new session
 (AdaBN) pays where the day has moved (ESPectre: a session's gain and static multipath)
 and costs where it has not, or where the session's windows are too few or too uneven to
 estimate them (the next Intel 5300 recording: 18 points). The gate decides from unlabeled
@@ -25,7 +25,7 @@ session its halves (in recording order) stand for two days; sessions under
 :data:`MIN_SESSION` windows are left out.
 
 The statistic was chosen after looking at the test sessions of ESPectre and the Intel 5300
-recordings (docs/sessions.md, issue 31): ESPectre's training days gave r 0.7-2.3 and its
+recordings (docs/sessions.md): ESPectre's training days gave r 0.7-2.3 and its
 test days 0.85-5.7; the next Intel 5300 recording 0.47-0.53 on one client against its
 training days' 0.75-0.89. The threshold itself is computed from training sessions alone.
 

@@ -1,4 +1,6 @@
-"""FedAli: alignment with prototype layers (../shared/seeds/002_cad0a0bc49eb696e.txt).
+"""FedAli: alignment with prototype layers (Ek, Wang, Portet, Lalanda and
+Cao, "FedAli: Personalized Federated Learning Alignment with Prototype Layers for
+Generalized Mobile Services").
 
 The model must have ALP layers (``model.name = "transformer"``,
 :mod:`mqttfl.models.transformer`). Each ALP layer l holds G_l local and G_l global

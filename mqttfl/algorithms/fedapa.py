@@ -1,4 +1,6 @@
-"""FedAPA: adaptive prototype aggregation (../shared/seeds/000_a5a72d69d197eb5b.txt).
+"""FedAPA: adaptive prototype aggregation (Guo, Mao and Ho, "FedAPA: Federated
+Learning with Adaptive Prototype Aggregation Toward Heterogeneous Wi-Fi CSI-based Crowd
+Counting", arXiv:2511.21048).
 
 Clients share class prototypes only (Eq. 4): no per-class sample counts, since the
 server never reads them (Eq. 8 pads with the plain mean over holders), and a label

@@ -1,51 +1,31 @@
-"""FedAPA-S: FedAPA's bytes, adapted to the recording session a deployed sensor sees.
+"""FedAPA-S: FedAPA's protocol, adapted at test time to the recording session a sensor sees.
 
-Issue 24 and docs/sessions.md: tested on a day it never trained on, FedAPA fell below
-Local on ESPectre. Two parts of it were diagnosed as the loss (docs/sessions.md):
+Training is FedAPA's without L_c (Eq. 10): the client adds λ_t·L_g (Eqs. 5-9, 11, 12)
+toward its personalized prototypes Q_i, so the downlink is Q_i alone (L_c pulls toward
+every client's own-session prototypes, the wrong targets on a new day; docs/sessions.md).
 
-1. **The normalization statistics.** BatchNorm's running mean and variance are fitted to
-   the training sessions, whose receiver gain and static multipath differ from the new
-   session's; the class prototypes of a client move between its sessions by about as much
-   as the classes lie apart. Re-estimating them on the unlabeled windows of the session
-   being classified (AdaBN: Li et al., "Revisiting Batch Normalization For Practical
-   Domain Adaptation", ICLR-W 2017) recovers most of the loss, for every method.
-2. **L_c** (Eq. 10). It pulls each embedding toward every client's own prototypes, each
-   fitted to that client's own session; across sessions those are the wrong targets.
-   FedAPA-S keeps L_g toward the personalized Q_i (Eqs. 5-9, 11, 12 without L_c), so the
-   downlink is Q_i alone: 2·C·d floats per client-round with the upload.
+At test time (:meth:`FedAPASessionClient.predict`), on the unlabeled windows ``x`` of the
+session being classified:
 
-At test time (:meth:`FedAPASessionClient.predict`), on the windows ``x`` of the session
-being classified, which a deployed sensor has all day without labels:
+- :func:`renormalize`: BatchNorm's statistics are re-estimated on ``x``, on a copy of the
+  trained model (AdaBN: Li et al., "Revisiting Batch Normalization For Practical Domain
+  Adaptation", ICLR-W 2017; :mod:`mqttfl.training.normstats`);
+- :func:`~mqttfl.adaptation.refine.refine_prototypes`: cosine k-means over the adapted
+  embeddings, started at Q_i so clusters keep their class names; the prediction is the
+  final assignment (``refine_steps = 0``: nearest Q_i; ``inference = "head"``: the
+  adapted head).
 
-- :func:`renormalize`: the BatchNorm statistics are recomputed on ``x`` (AdaBN: each
-  layer's exact input moments over ``x``, :mod:`mqttfl.training.normstats`), on a copy of
-  the trained model;
-- :func:`~mqttfl.adaptation.refine.refine_prototypes`: the adapted embeddings are
-  clustered by cosine k-means started at the client's Q_i (the federation's personalized
-  class prototypes, so the clusters keep their class names): each step assigns every
-  window to its most similar prototype and moves each prototype to the normalized mean of
-  its windows (a class with no window keeps its prototype). The prediction is the final
-  assignment (``refine_steps = 0``: the nearest Q_i, no refinement; ``inference =
-  "head"``: the adapted classifier head instead).
+The shift gate (:mod:`mqttfl.adaptation.shift`) adapts only where the fit ratio (mean
+cosine to the nearest Q_i, adapted over trained) reaches the lowest ratio seen on the
+client's own training sessions (leave-one-session-out); below it the trained model
+predicts as it is. ``gate = false`` adapts every session. Outlying windows are left out
+of the estimate (:mod:`mqttfl.adaptation.screen`, at most ``screen_fraction``), though
+every window is classified. The gate's figures go out with the client's metrics
+(``adapted``, ``shift_score``, ``fit_ratio``, ``fit_threshold``).
 
-**Only where adapting fits** (issue 31, :mod:`mqttfl.adaptation.shift`): the windows'
-mean cosine to their nearest Q_i under the re-estimated statistics, over the same under
-the trained ones (the fit ratio), against the lowest such ratio among the client's
-training sessions, each adapted to as if it were a new day (leave-one-session-out).
-Below it the trained model predicts as it is (its head with the trained statistics);
-at or above it, the adaptation above runs. ``gate = false`` adapts every session (issue
-24's FedAPA-S). The gate's figures go out with the client's metrics (``adapted``,
-``shift_score``, ``fit_ratio``, ``fit_threshold``).
-
-**Not steered by a few windows** (:mod:`mqttfl.adaptation.screen`): windows far from the
-session's others (per-feature mean and spread over time, against the median and MAD of
-all the session's windows) are left out of the estimate (the statistics, the gate's fit,
-the k-means), at most ``screen_fraction`` of them; every window is still classified.
-``screen_fraction = 0`` makes every window count.
-
-Nothing of the test session crosses the wire and no label of it is read. With fewer than
-``min_adapt_windows`` windows the statistics stay as trained (too few to estimate them).
-A model without BatchNorm has no statistics and no gate: it adapts by the k-means alone.
+Nothing of the test session crosses the wire and no label of it is read. Under
+``min_adapt_windows`` windows the statistics stay as trained; a model without BatchNorm
+adapts by the k-means alone.
 """
 
 from __future__ import annotations

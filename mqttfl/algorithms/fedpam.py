@@ -1,4 +1,5 @@
-"""FedPAM: a personalized adjustment matrix on the shared head (../shared/seeds/003_6adbca91b43b4ead.txt).
+"""FedPAM: a personalized adjustment matrix on the shared head ("FedPAM: Bridging Local
+Divergence in Federated Learning via Personalized Adjustment Matrix").
 
 The protocol is FedAvg's over θ (encoder) and W (classifier): clients upload their
 weights and sample count, the server averages them weighted by sample count over the

@@ -1,4 +1,5 @@
-"""FedSAP: scheduled alignment and proxy separation (../shared/seeds/001_288956de9ced9de5.txt).
+"""FedSAP: scheduled alignment and proxy separation ("Closing the Alignment-Maturity Gap
+in Federated Prototype Learning", arXiv:2606.02172).
 
 Same protocol as FedProto: clients upload class prototypes (Eq. 1), the server returns
 the bank of class-wise means over the clients that observed each class (Eq. 2). The

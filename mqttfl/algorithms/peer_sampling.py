@@ -28,7 +28,7 @@ similar sets, ``strata`` of them, weighted by the stratum's share of i's peers; 
 that represents its own stratum also gets one more member of it), sent as int8 with a
 scale per set and class, which leaves only the spread within strata to chance (the
 deviation from exact Eq. 10 is measured by benchmarks/bench_fedapa_deviation.py; table in
-BENCHMARKS.md). With ``sampling = "uniform"``, S is k+1 sets drawn uniformly without
+docs/benchmarks/many-clients.md). With ``sampling = "uniform"``, S is k+1 sets drawn uniformly without
 replacement from all N (seeded by run and round), as float32, weighted 1/N for P_i,
 (N-1)/(N·m) for each of the m members of S other than i, 0 for itself if drawn. One shared
 sample rather than one per client because the coordinator then encodes, checkpoints and

@@ -1,4 +1,4 @@
-"""Which install provides which third-party package (issue 29: install by role).
+"""Which install provides which third-party package (install by role).
 
 ``pip install mqttfl`` is a coordinator host or a sensing device: the coordinator,
 ``watch``, ``broker init``, ``report`` and ``sense`` run without torch. The optional

@@ -1,6 +1,6 @@
 """The ESPectre presence federation: one client per ESP32 chip.
 
-The ESPectre project's recordings (``../shared/data/espectre``, GPLv3) come from five
+The ESPectre project's recordings (``espectre/`` under the data directory, GPLv3) come from five
 ESP32 chips in one home: S3, C3, C5, C6 and the original ESP32.  Each chip has two
 quiet-room recordings (``baseline/``, label 0 "quiet") and two with a person moving
 (``movement/``, label 1), about 10 s each at 100-135 packets/s, 64 subcarriers of int8

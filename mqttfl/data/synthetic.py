@@ -29,7 +29,7 @@ depending on the room; a linear fit on window statistics lands within +-2 people
 ~94 % of the time in most rooms, so far counts are rarely confused.
 
 What a client can gain from the other rooms (``benchmarks/bench_crossroom.py``,
-BENCHMARKS.md): nothing on average, as in the real recordings in ../shared/data (five
+docs/benchmarks/accuracy.md): nothing on average, as in the real recordings (five
 ESPectre chips in one home, one Intel 5300 in May and August), where pooling the other
 clients' data costs a client 3.5 points (ESPectre) and 20 (Intel 5300, mean of
 the two months).  The reason is the within-session test
@@ -37,14 +37,14 @@ split every one of these datasets uses: a client's test windows come from the cr
 layouts (sessions) it trained on, and a near-static seated crowd is a fingerprint a
 client learns from its own windows; other clients' sessions, even in the same room, are
 other fingerprints.  A common subcarrier grid does not change that (Pooled -0.9 points
-on one grid).  Those figures predate the calibration below (BENCHMARKS.md has both
-splits after it); nothing here was tuned so that a method wins.
+on one grid).  Those figures predate the calibration below (docs/benchmarks/sessions.md
+has both splits after it); nothing here was tuned so that a method wins.
 
-Calibration (``benchmarks/bench_calibration.py``, BENCHMARKS.md "Calibration"): what
+Calibration (``benchmarks/bench_calibration.py``, docs/benchmarks/sessions.md, "Calibration"): what
 each session choice is matched to.
 
 - Sessions per count: three recording days per client (:data:`SESSIONS_PER_COUNT`), as
-  the ESP32 crowd-counting set of issue 24 records each room (3 sessions); ESPectre has
+  the ESP32 crowd-counting set records each room (3 sessions); ESPectre has
   two recordings per label and chip, the Intel 5300 activity set two months.
 - Windows per session: with the default 400 windows over the ~13 counts a room sees,
   about 10 windows of 3.2 s per count and day (~30 s of recording); an ESPectre recording

@@ -8,7 +8,7 @@ schema.
 
 Upload schemas are cached by what decides them (architecture and sample shape), at most
 :data:`MAX_SCHEMAS` of them: an announcement's ``arch`` is chosen by its sender, and a
-cache keyed by it without a bound grew by about 1 KB per announcement (issue 30).
+cache keyed by it without a bound would grow by about 1 KB per announcement.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (:class:`Refusals`: selected clients refused, or that cannot train).
 
 A round waits for every selected client until it uploads, leaves, proves a ghost, or the
-deadline passes. Two more answers end the wait for a client at once (issue 34, item 6):
+deadline passes. Two more answers end the wait for a client at once:
 
 - the coordinator refused its upload for the open round (schema, bounds, envelope: any
   reason :class:`~mqttfl.engine.gate.UploadGate` gives once the round, the sender's
@@ -18,8 +18,8 @@ own topics). A refusal counts for every attempt of the round: a client that coul
 train round t does not train it again on a retry (:mod:`mqttfl.nodes.client`).
 
 A refused client may still upload a valid copy while the round is open, and it is taken:
-the gate never kept refusals before this change and still does not (a refusal is not a
-ban), so this only adds the early close. Once every selected client has uploaded or been
+the gate keeps no refusals (a refusal is not a ban); a refusal only closes that client's
+part of the round early. Once every selected client has uploaded or been
 refused, the round closes, and a valid copy after that is ``stale`` as before.
 """
 

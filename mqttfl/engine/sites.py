@@ -5,7 +5,7 @@ Mosquitto's bridge publishes ``1`` when it connects and leaves ``0`` as its last
 already down that is said to be down again changes nothing, and a notice that repeats is
 counted, not logged. A site may take its clients offline at most once every
 :data:`SITE_HOLD_S` seconds: on an open broker anyone can publish a notice, and a forged
-``0`` ten times a second kept a client out of every round (issue 30). A client taken
+``0`` ten times a second would keep a client out of every round. A client taken
 offline by its site is back as soon as it sends anything (its metrics after the next
 round), as after a real outage.
 """

@@ -292,7 +292,7 @@ def _train_in_processes(
 ) -> list[MetricsLine]:
     """Processes, as the federation has (at most :func:`reference_processes` at once):
     threads of one process share its GIL, and beside other work the scheduler preempts
-    the one holding it while the others wait (BENCHMARKS.md, "First contact": twice the
+    the one holding it while the others wait (docs/benchmarks/sessions.md, "The default job's time": twice the
     slowdown of the federation's processes). Forked, so the shards are inherited, not
     copied through a pipe."""
     context = multiprocessing.get_context("fork")

@@ -145,7 +145,7 @@ class LocalFederation:
         env = {
             # Each child trains with train.torch_threads (1) threads: OpenMP and BLAS pools
             # sized to the machine would, beside five more processes, spin for cores
-            # the others hold (BENCHMARKS.md, "A busy machine"). A user's setting wins.
+            # the others hold (docs/benchmarks/devices.md, "A busy machine"). A user's setting wins.
             **dict.fromkeys(THREAD_VARIABLES, str(self.config.train.torch_threads)),
             **os.environ,
             **self.credentials.get(identity, {}),

@@ -2,8 +2,8 @@
 from one parent that imported torch and the package once.
 
 A client process that starts alone pays torch's import in private memory: the
-relocated pages of its libraries, Python's module objects (about 250 MB a process,
-issue 29). Forked from a parent that already holds them, every client shares those
+relocated pages of its libraries, Python's module objects (about 250 MB a
+process). Forked from a parent that already holds them, every client shares those
 pages copy-on-write, and pays only for what it writes: its shard, model, optimizer,
 activations and MQTT session. Each child is still a whole device:
 

@@ -65,7 +65,7 @@ UNAVAILABLE_SCORE = -1e9
 #: ADAPT_BUDGET_BYTES (onnxruntime keeps its peak allocation: it is the sensor's RSS)
 ADAPT_BATCH = 64
 ADAPT_BUDGET_BYTES = 1 * 2**20
-#: stream defaults, chosen by measurement (BENCHMARKS.md, "The adapting sensor")
+#: stream defaults, chosen by measurement (docs/benchmarks/sensing.md, "The adapting sensor")
 DEFAULT_BUFFER = 256
 DEFAULT_HORIZON_S = 3600.0
 DEFAULT_EVERY = 32

@@ -1,6 +1,6 @@
 """What a client's passes over its shard may hold at once, and giving memory back.
 
-A device has a few hundred MB (issue 29: a 512 MB one-core board). Training keeps the
+A device has a few hundred MB (a 512 MB one-core board, say). Training keeps the
 method's batch size (a smaller one would change BatchNorm's batch statistics, so the
 update); every other pass over a shard (evaluation, prototypes, embeddings) runs in
 eval mode, where a sample's output does not depend on the batch it is in, so its batch
@@ -31,7 +31,7 @@ else:
 #: activation bytes one evaluation batch may hold (its largest layer output, twice:
 #: a layer's input and output are alive together)
 EVAL_ACTIVATION_BYTES = 16 * 2**20
-#: the largest evaluation batch (what every pass used before issue 29)
+#: the largest evaluation batch (the training batch size's counterpart for every other pass)
 MAX_EVAL_BATCH = 256
 
 
