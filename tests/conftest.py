@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,15 @@ from mqttfl.provisioning.local_broker import LocalBroker
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI") or os.environ.get("MQTTFL_REQUIRE_SHARED_DATA"):
     settings.load_profile("ci")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started in the background by a non-interactive shell (``cmd &``, as CI
+    runners and ``nohup`` do) inherits SIGINT ignored, and an ignored signal stays ignored
+    across exec: every process a test starts would then ignore the Ctrl-C that tests send
+    it (``mqttfl run``, ``logs --follow``, ``sense``). Give SIGINT back its default."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # A module that defines a fixture wider than a test (e.g. a federation trained and exported
