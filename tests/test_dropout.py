@@ -96,6 +96,10 @@ def test_sigkill_of_one_client_mid_run(broker: LocalBroker, tmp_path: Path) -> N
     assert sorted(closed) == [1, 2, 3, 4, 5, 6]
     for t in range(killed_after + 2, 7):  # rounds wholly after the kill: both survivors aggregated
         assert closed[t]["uploads"] == 2
+    # causal order: a round is announced only after the round before it closed
+    order = [(e["event"], e["round"]) for e in events if e["event"].startswith("round.")]
+    for t in range(2, 7):
+        assert order.index(("round.closed", t - 1)) < order.index(("round.started", t)), order
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds_completed"] == 6
     assert summary["rejections"] == {"future": 1}

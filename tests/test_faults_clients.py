@@ -162,7 +162,12 @@ def test_kill_storm_nothing_stalls_nothing_is_lost(broker: LocalBroker, tmp_path
         assert back - at < 3 * fed.round_timeout_s, (
             f"client {cid} took {back - at:.1f}s to come back"
         )
-        nxt = [e for e in fed.events(event="round.started") if timestamp(e) > back]
+        # the first round whose clients were chosen after it was back
+        nxt = [
+            e
+            for e in fed.events(event="round.started")
+            if timestamp({"timestamp": e["chosen_at"]}) > back
+        ]
         if nxt:
             assert cid in nxt[0]["selected"]
             assert "accepted" in outcomes.get((nxt[0]["round"], cid), []), (cid, nxt[0]["round"])

@@ -404,9 +404,8 @@ class RoundEngine(Roster):
             announcement=self.announcement,
             instance=self.state.instance,
         )
-        announce = Announce(start, RunStatus("open", t, start, instance=self.state.instance))
-        self.log.info("round.started", **announce.fields())  # when its clients are chosen
-        return announce
+        # logged by the node as it announces it, after the close before it
+        return Announce(start, RunStatus("open", t, start, instance=self.state.instance))
 
     def _round_done(self, now: float) -> bool:
         if self.broker_down:

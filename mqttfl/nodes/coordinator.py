@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,7 @@ class Coordinator:
         self.log = get_logger(run_id=config.run_id, client_id="coordinator")
         self.lease = lease = my_lease()
         self.guard = LeaseGuard(lease, time.monotonic)
+        self._stepped_at = ""  # when the engine last stepped (UTC, as log lines stamp it)
         self.screen = Screen(
             self.engine,
             self.topics,
@@ -401,6 +403,8 @@ class Coordinator:
         elif isinstance(action, Announce):
             t = action.start.round
             structlog.contextvars.bind_contextvars(round=t)
+            # after the round before's `round.closed`; chosen_at: when its clients were chosen
+            self.log.info("round.started", chosen_at=self._stepped_at, **action.fields())
             self._size_reassembly()
             await self._publish_state(action.status)
             await self.bus.publish(self.topics.start(t), action.start.encode(run))
@@ -487,6 +491,7 @@ class Coordinator:
         summary: RunSummary | None = None
         while not engine.finished:
             self.wake.clear()
+            self._stepped_at = datetime.now(UTC).isoformat().replace("+00:00", "Z")
             for action in engine.step():
                 await self._perform(action)
                 if isinstance(action, Finish):
