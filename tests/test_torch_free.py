@@ -36,6 +36,7 @@ MODULES = [
     "mqttfl.commands.broker",
     "mqttfl.bus.transport",
     "mqttfl.monitor.view",
+    "mqttfl.monitor.live",
     "mqttfl.launch.local",
     "mqttfl.evaluation.compare",
     # what `pip install mqttfl` (no extras) runs: coordinator, report, sense (issue 29)

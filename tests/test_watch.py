@@ -22,9 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-import mqttfl.monitor.view as watch
+import mqttfl.monitor.live as watch
+import mqttfl.monitor.view as view_module
 from mqttfl.commands import main as cli
-from mqttfl.monitor.view import FederationView, render, watch_topics
+from mqttfl.monitor.live import watch_topics
+from mqttfl.monitor.view import FederationView, render
 from mqttfl.provisioning.local_broker import LocalBroker
 from mqttfl.wire import Topics
 from mqttfl.wire.codec import Message, encode
@@ -71,6 +73,63 @@ def _row(screen: str, client: str) -> str:
 
 
 # --- the pure view -------------------------------------------------------------------------
+async def test_a_watcher_started_mid_run_paints_the_retained_state_at_once() -> None:
+    """The broker hands a new subscriber the retained statuses and run status in one burst:
+    the frame after it shows them, not the empty view until the next refresh tick."""
+    import asyncio
+    import types
+
+    from mqttfl.bus.transport import Incoming
+
+    view = FederationView(RUN, max_upload_bytes=LIMIT)
+    view.connection(True, time.monotonic())
+    start = RoundStart(7, ("0", "1"), 30.0, {}, announcement=1)
+    bus: Any = types.SimpleNamespace(incoming=asyncio.Queue())
+    for topic, payload in [
+        (T.status("0"), _online("0")),
+        (T.status("1"), _online("1")),
+        (T.state, RunStatus("open", 7, start).encode(RUN)),
+    ]:
+        bus.incoming.put_nowait(Incoming(topic, payload, retained=True))
+    frames: list[str] = []
+
+    def paint() -> None:
+        frames.append(_screen(view, time.monotonic()).splitlines()[1])
+
+    # well inside one refresh interval: only a paint for the burst can show it
+    await watch.listen(view, bus, until=time.monotonic() + 0.3 / watch.REFRESH_PER_S, paint=paint)
+    assert frames[0] == "no run status yet"
+    assert frames[1].startswith("round 7 open"), frames
+
+
+def test_a_client_back_from_a_dropout_shows_only_the_rounds_it_trained_in() -> None:
+    view = FederationView(RUN, max_upload_bytes=LIMIT)
+    view.connection(True, 0.0)
+    for c in "012":
+        view.apply(T.status(c), _online(c), 0.1)
+
+    def round_of(t: int, uploaders: str, *, held: tuple[str, ...] = ()) -> None:
+        start = RoundStart(t, ("0", "1", "2"), 30.0, {}, uploaded=held, announcement=t)
+        view.apply(T.start(t), start.encode(RUN), float(t))
+        for c in uploaders:
+            view.apply(T.up(t, c), _upload(t, c), t + 0.5)
+        view.apply(T.state, RunStatus("closed", t).encode(RUN), t + 0.6)
+
+    round_of(1, "012")
+    assert view.apply(T.metrics(1, "2"), _metrics(1, "2", 0.5, 2.0), 1.7)
+    # client 2 is away in round 2; back, it evaluates round 2's downlink: not its score
+    round_of(2, "01")
+    assert view.apply(T.metrics(2, "0"), _metrics(2, "0", 0.6, 1.5), 2.7)
+    assert view.apply(T.metrics(2, "2"), _metrics(2, "2", 0.9, 0.5), 2.8) == []
+    assert re.search(r"│ 2 .*│ +0\.500 │ +2\.00 │ +1 │", _screen(view, 3.0))
+    # it trains in round 3 again; and in round 4 the coordinator holds its upload
+    round_of(3, "012")
+    assert view.apply(T.metrics(3, "2"), _metrics(3, "2", 0.7, 1.0), 3.7)
+    round_of(4, "01", held=("2",))
+    assert view.apply(T.metrics(4, "2"), _metrics(4, "2", 0.8, 0.75), 4.7)
+    assert re.search(r"│ 2 .*│ +0\.800 │ +0\.75 │ +4 │", _screen(view, 5.0))
+
+
 def test_the_view_follows_a_round_from_the_retained_status_to_the_finish() -> None:
     view = FederationView(RUN, max_upload_bytes=LIMIT)
     assert view.connection(True, 100.0) == ["connected to the broker"]
@@ -157,7 +216,7 @@ def test_a_site_is_shown_when_a_status_carries_one(monkeypatch: pytest.MonkeyPat
     def read_status(raw: bytes, *, run_id: str, client: str) -> SitedOnline:
         return SitedOnline(ClientInfo(client, "tiny", (0, 1), 40, (24, 52)), sites[client])
 
-    monkeypatch.setattr(watch, "read_status", read_status)
+    monkeypatch.setattr(view_module, "read_status", read_status)
     view = FederationView(RUN)
     assert view.apply(T.status("0"), b"", 1.0) == []  # a cleared retained status
     assert view.apply(T.status("0"), b"x", 1.0) == ["client 0 online at building-a"]

@@ -16,7 +16,8 @@ from mqttfl.config import RunConfig, load_config
 from mqttfl.errors import StateError, UsageError, WireError
 from mqttfl.logs import configure_logging
 from mqttfl.monitor.buffered import buffer_watch
-from mqttfl.monitor.view import ONCE_LISTEN_S, FederationView, run_watch, watch_topics
+from mqttfl.monitor.live import ONCE_LISTEN_S, run_watch, watch_topics
+from mqttfl.monitor.view import FederationView
 from mqttfl.privacy.accountant import privacy_settings
 
 MANIFEST_LOOK_S = 3.0  # a live run's manifest is retained: it comes at once

@@ -42,7 +42,8 @@ from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.transport import Bus
 from mqttfl.errors import first_mqttfl_error
 from mqttfl.logs import get_logger
-from mqttfl.monitor.view import REFRESH_PER_S, FederationView, listen, render, watch_topics
+from mqttfl.monitor.live import REFRESH_PER_S, listen, watch_topics
+from mqttfl.monitor.view import FederationView, render
 
 POLL_S = 0.25  # how often the monitor thread looks at its stop flag
 

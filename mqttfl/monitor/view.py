@@ -12,9 +12,8 @@ every upload to count it, so it costs the broker what one more coordinator would
 
 :class:`FederationView` is the whole state, changed only by :meth:`FederationView.apply`
 (and :meth:`~FederationView.connection`) and drawn by :func:`render`; neither touches the
-network, so tests feed them by hand. On a TTY a ``rich`` Live view refreshes in place
-twice a second; piped, every event is one plain line. It ends on Ctrl-C, or when the
-run's status says finished (a final table, exit 0). Each message costs the same whatever
+network, so tests feed them by hand. The bus feeds them in
+:mod:`mqttfl.monitor.live`. Each message costs the same whatever
 the selection's size, and a drawing one pass over it: the table shows the first
 ``MAX_ROWS`` clients by id and a line counts the rest (100,000 selected: 0.4 s).
 
@@ -25,22 +24,17 @@ old copy, so a deadline known only from it is an upper bound and shown as ``≤`
 
 from __future__ import annotations
 
-import asyncio
 import heapq
-import sys
-import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Literal
 
-from rich.console import Console, Group, RenderableType
-from rich.live import Live
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from mqttfl.bus.transport import Bus, Incoming
 from mqttfl.errors import WireError
 from mqttfl.monitor.buffered import BufferWatch
 from mqttfl.monitor.text import MAX_NAMES, clean, countdown, first_names, status_site
@@ -70,11 +64,6 @@ from mqttfl.wire.topics import (
     UploadTopic,
 )
 
-REFRESH_PER_S = 2.0
-ONCE_LISTEN_S = 2.0  # --once: how long to listen before the snapshot
-# After the run's final status, how long the clients have to say they exited (their
-# 'offline' comes once they reported the last round) before the final table is drawn.
-EXIT_GRACE_S = 5.0
 RETAINED_WINDOW_S = 1.0  # a run status this soon after (re)connecting may be the retained copy
 KEEP_ROUNDS = 3  # per-round upload and ack tallies: the current round and its neighbours
 RECENT_EVENTS = 6  # event lines under the live table
@@ -123,6 +112,8 @@ class FederationView:
     # one message at a time, so no message costs a pass over a selection of 100,000.
     _chosen: frozenset[str] = field(default=frozenset(), init=False, repr=False)
     _done: set[str] = field(default_factory=set, init=False, repr=False)
+    # per round, the uploads a re-announcement said the coordinator holds (not on the wire)
+    _held_in: dict[int, frozenset[str]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.topics = Topics(self.run_id)  # WireError for a run id no topic can hold
@@ -295,6 +286,8 @@ class FederationView:
         """The current round's selection: what is already in is counted here, once per
         announcement; then one upload at a time."""
         self.selected, self.held = selected, held
+        if held:
+            self._held_in[self.round] = frozenset(held)
         self._chosen = frozenset(selected)
         seen = self.uploads.get(self.round, Counter())
         self._done = {c for c in chain(seen, held) if c in self._chosen}
@@ -302,7 +295,7 @@ class FederationView:
     def _metrics(self, payload: bytes, t: int, client: str) -> list[str]:
         metrics = read_metrics(payload, run_id=self.run_id, round=t, client=client)
         row = self._row(client)
-        if t < row.metrics_round:
+        if t < row.metrics_round or self._sat_out(t, client):
             return []
         repeat = t == row.metrics_round
         row.accuracy = float(metrics.values["accuracy"])
@@ -311,6 +304,16 @@ class FederationView:
         if repeat:
             return []
         return [f"client {client} round {t}: accuracy {row.accuracy:.3f}, MAE {row.mae:.2f}"]
+
+    def _sat_out(self, t: int, client: str) -> bool:
+        """Round ``t`` had uploads, none of them ``client``'s: it evaluates the round's
+        downlink (a client back from a dropout catches up so) without having trained in
+        it. Its row keeps the figures of the rounds it trained in. Unknown rounds (before
+        this watcher came, or long past) and buffered runs are taken as they come."""
+        seen = self.uploads.get(t)
+        if self.buffer is not None or not seen or seen[client]:
+            return False
+        return client not in self._held_in.get(t, ())
 
     def _keep(self, t: int) -> bool:
         """Tallies are kept for the rounds around the current one (any, before the first
@@ -325,7 +328,7 @@ class FederationView:
         return True
 
     def _prune(self) -> None:
-        for store in (self.uploads, self.acks):
+        for store in (self.uploads, self.acks, self._held_in):
             for t in [t for t in store if not self._keep(t)]:
                 del store[t]
             while len(store) > KEEP_ROUNDS:
@@ -419,92 +422,3 @@ def render(view: FederationView, now: float, *, recent: bool = False) -> Rendera
     if recent and view.recent:
         parts.append(Text("\n".join(view.recent), style="dim"))
     return Group(*parts)
-
-
-# --- the command ---------------------------------------------------------------------------
-def watch_topics(topics: Topics) -> list[str]:
-    kinds = (topics.any_status, topics.state, topics.any_start, topics.any_ack, topics.any_up)
-    return [*kinds, topics.any_metrics]
-
-
-def _ignore(line: str) -> None:
-    return None
-
-
-def _print_line(line: str) -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-
-
-def _take(view: FederationView, message: Incoming, emit: Callable[[str], None]) -> None:
-    for line in view.apply(message.topic, message.payload, message.received):
-        emit(line)
-
-
-async def listen(
-    view: FederationView,
-    bus: Bus,
-    *,
-    until: float | None = None,
-    emit: Callable[[str], None] = _ignore,
-    paint: Callable[[], None] | None = None,
-) -> None:
-    """Feed the bus's messages to ``view`` until ``until`` (monotonic), or the run finishes
-    and its clients have said they exited (at most EXIT_GRACE_S more); ``paint`` runs
-    REFRESH_PER_S times a second."""
-    next_paint = time.monotonic()
-    while not view.finished or any(row.online for row in view.clients.values()):
-        now = time.monotonic()
-        if view.finished and until is None:
-            until = now + EXIT_GRACE_S  # then every client's exit, or this long
-        if until is not None and now >= until:
-            return
-        if paint is not None and now >= next_paint:
-            paint()
-            next_paint = now + 1.0 / REFRESH_PER_S
-        stops = [s for s in (until, next_paint if paint else None) if s is not None]
-        wait = max(min(stops) - now, 0.01) if stops else None
-        try:
-            message = await asyncio.wait_for(bus.incoming.get(), timeout=wait)
-        except TimeoutError:
-            continue
-        _take(view, message, emit)
-    while not bus.incoming.empty():  # what arrived with the final status
-        _take(view, bus.incoming.get_nowait(), emit)
-
-
-async def run_watch(view: FederationView, bus: Bus, console: Console, *, once: bool) -> None:
-    live = console.is_terminal and not once
-    emit = _ignore if live or once else _print_line
-
-    def on_connection(up: bool) -> None:
-        for line in view.connection(up, time.monotonic()):
-            emit(line)
-
-    bus.on_connection = on_connection
-    async with asyncio.TaskGroup() as group:
-        bus_task = group.create_task(bus.run())
-        try:
-            await bus.wait_connected(timeout=bus.connect_timeout_s)
-            if once:
-                await listen(view, bus, until=time.monotonic() + ONCE_LISTEN_S)
-            elif live:
-                with Live(
-                    render(view, time.monotonic(), recent=True),
-                    console=console,
-                    auto_refresh=False,  # painted from this loop: no thread reads the view
-                    redirect_stdout=False,
-                    redirect_stderr=False,
-                ) as screen:
-
-                    def paint() -> None:
-                        screen.update(render(view, time.monotonic(), recent=True), refresh=True)
-
-                    await listen(view, bus, paint=paint)
-                    paint()
-            else:
-                await listen(view, bus, emit=emit)
-        finally:
-            bus_task.cancel()
-    if not live:  # the live screen already shows the last frame
-        console.print(render(view, time.monotonic()))

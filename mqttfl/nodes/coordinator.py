@@ -15,7 +15,6 @@ import functools
 import math
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from mqttfl.engine.state import Resume, RunState, RunSummary, check_resume
 from mqttfl.errors import BrokerError, RejectedUpload, RunAborted, WireError
 from mqttfl.logs import get_logger
 from mqttfl.nodes.manifest import keep_copy, manifest_of
+from mqttfl.nodes.run_board import RunBoard
 from mqttfl.nodes.run_lease import LeaseGuard, my_lease
 from mqttfl.nodes.screen import LEASE, Screen
 from mqttfl.wire import Topics
@@ -108,14 +108,9 @@ class Coordinator:
             time.monotonic,
             max_senders=max(MAX_SENDERS, 4 * config.federation.num_clients),
         )
-        self._status: RunStatus | None = None  # the run state last published
-        self._state_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._asserting = False  # our lease is about to be published again
         self.manifest = manifest_of(config, self.engine.state.instance)
-        self._manifest_payload = self.manifest.encode(config.run_id)
-        self._manifest_sent = -math.inf
-        self._manifest_asked = False
         self.bus = Bus(
             broker,
             identifier=f"mqttfl-{config.run_id}-coordinator",
@@ -142,6 +137,14 @@ class Coordinator:
             fresh_session=fresh_session,
         )
         self.resend_requests: dict[tuple[int, str], int] = {}
+        self.board = RunBoard(
+            self.bus,
+            self.topics,
+            self.manifest,
+            throttled=self.screen.throttled,
+            instance=lambda: self.engine.state.instance,
+            wake=self.wake,
+        )
 
     @property
     def state(self) -> RunState:
@@ -229,30 +232,8 @@ class Coordinator:
         self.log.warning(
             "client.throttled", client=sender, budget=kind, per_s=rate.per_s, burst=rate.burst
         )
-        if "/" not in sender and self._status is not None:
-            self._spawn(self._publish_state())
-
-    def _manifest_again(self) -> None:
-        """Have the loop publish the manifest again (at most once a second): a broker whose
-        retained store is node-local (a RabbitMQ cluster) holds it only on our node, and a
-        device on another one asks by clearing its own status while it waits."""
-        self._manifest_asked = True
-        self.wake.set()
-
-    async def _answer_manifest(self) -> float:
-        """Publish the manifest if a device asked and a second has passed since the last
-        time; when to look again (inf: nobody is waiting)."""
-        if not self._manifest_asked:
-            return math.inf
-        now = time.monotonic()
-        if now - self._manifest_sent < 1.0:
-            return self._manifest_sent + 1.0
-        self._manifest_asked, self._manifest_sent = False, now
-        await self._publish_manifest()
-        return math.inf
-
-    async def _publish_manifest(self) -> None:
-        await self.bus.publish(self.topics.manifest, self._manifest_payload, retain=True)
+        if "/" not in sender and self.board.status is not None:
+            self._spawn(self.board.publish_state())
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)
@@ -289,22 +270,6 @@ class Coordinator:
             self._asserting = False
         await self.bus.publish(self.topics.lease, self.guard.mine, retain=True, timeout=10)
 
-    async def _publish_state(self, status: RunStatus | None = None) -> None:
-        """Publish the retained run state (``status``, or the last one again), with the
-        devices named throttled so far; one at a time, so the newest stays retained."""
-        async with self._state_lock:
-            if status is not None:
-                self._status = status
-            if self._status is None:
-                return
-            self._status = replace(
-                self._status,
-                throttled=self.screen.throttled(),
-                instance=self.engine.state.instance,
-            )
-            payload = self._status.encode(self.config.run_id)
-            await self.bus.publish(self.topics.state, payload, retain=True)
-
     def process(self, message: Incoming) -> None:
         """Decode and hand one message to the engine (``handle`` screens it first).
 
@@ -319,7 +284,7 @@ class Coordinator:
                 if message.payload:
                     self.engine.on_status(read_status(message.payload, run_id=run, client=client))
                 else:  # a cleared status: a device waiting for the manifest (nodes/manifest.py)
-                    self._manifest_again()
+                    self.board.manifest_asked()
             case SiteTopic(site):
                 self.engine.on_site(site, read_site_notice(message.payload))
             case LeaseTopic():
@@ -406,7 +371,7 @@ class Coordinator:
             # after the round before's `round.closed`; chosen_at: when its clients were chosen
             self.log.info("round.started", chosen_at=self._stepped_at, **action.fields())
             self._size_reassembly()
-            await self._publish_state(action.status)
+            await self.board.publish_state(action.status)
             await self.bus.publish(self.topics.start(t), action.start.encode(run))
         elif isinstance(action, Close):
             await self._close(action)
@@ -415,7 +380,7 @@ class Coordinator:
             self.journal.write_summary(action.summary)
             last = self.engine.state.round
             ended = action.summary.ended_early or ""
-            await self._publish_state(
+            await self.board.publish_state(
                 RunStatus("finished", last, finished_at=time.time(), ended=ended)
             )
             self.log.info("run.summary", mean=action.summary.mean.model_dump())
@@ -430,7 +395,7 @@ class Coordinator:
             self.journal.save_checkpoint(action.checkpoint, sync=False)
             self._syncing = asyncio.create_task(asyncio.to_thread(self.journal.sync_checkpoint))
         await self.publish_downlinks(t, action.payloads)
-        await self._publish_state(RunStatus("closed", t))
+        await self.board.publish_state(RunStatus("closed", t))
         if action.checkpoint is not None:
             self.log.info(
                 "round.closed", round=t, seconds=round(time.monotonic() - began, 3), **action.log
@@ -485,9 +450,9 @@ class Coordinator:
         # The run's contract, for every other process of the run (and a copy for readers
         # of the run dir): published before anything else, kept across resumes.
         keep_copy(self.manifest, self.journal.out_dir)
-        await self._publish_manifest()
+        await self.board.publish_manifest()
         if engine.state.round == 0:
-            await self._publish_state(RunStatus("waiting", 0))
+            await self.board.publish_state(RunStatus("waiting", 0))
         summary: RunSummary | None = None
         while not engine.finished:
             self.wake.clear()
@@ -499,7 +464,7 @@ class Coordinator:
             if engine.finished:
                 break
             self.release_held()
-            asked_at = await self._answer_manifest()
+            asked_at = await self.board.answer()
             engine_at = engine.wake_at()
             wake_at = min(
                 math.inf if engine_at is None else engine_at, self.screen.next_release, asked_at
