@@ -64,8 +64,8 @@ def _time(fn: Any, repeats: int) -> tuple[list[float], list[float]]:
 def measure(quick: bool) -> list[dict[str, Any]]:
     from mqttfl.algorithms import get_algorithm
     from mqttfl.algorithms.base import Context
+    from mqttfl.algorithms.common.prototype_uploads import stack_uploads
     from mqttfl.algorithms.fedapa import aggregate_prototypes
-    from mqttfl.algorithms.prototype_uploads import stack_uploads
 
     algorithm = get_algorithm("fedapa")
     ctx = Context(num_classes=CLASSES, embed_dim=DIM, rounds=50, seed=0, params=algorithm.params())

@@ -27,9 +27,9 @@ MB = 1_000_000
 def payloads() -> dict[str, tuple[Any, Any]]:
     """name -> (message body, schema or None)."""
     from mqttfl.algorithms.base import Context
+    from mqttfl.algorithms.common.prototype_uploads import prototype_schema
+    from mqttfl.algorithms.common.weights import weights_length
     from mqttfl.algorithms.fedavg import weights_schema
-    from mqttfl.algorithms.prototype_uploads import prototype_schema
-    from mqttfl.algorithms.weights import weights_length
     from mqttfl.wire.schemas import ClientInfo
 
     ctx = Context(num_classes=21, embed_dim=256, rounds=30, seed=0, params=None)

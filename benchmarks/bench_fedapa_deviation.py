@@ -27,7 +27,7 @@ import torch
 from benchmarks.common import RESULTS, machine
 from mqttfl.algorithms.base import Context, Upload
 from mqttfl.algorithms.fedapa import FedAPAParams, FedAPAServer, prototype_contrast
-from mqttfl.algorithms.peer_sampling import dequantize_sets
+from mqttfl.algorithms.fedapa.peer_sampling import dequantize_sets
 from mqttfl.wire.downlinks import encode_downlinks
 from mqttfl.wire.schemas import ClientInfo
 

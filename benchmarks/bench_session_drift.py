@@ -115,7 +115,7 @@ def session_levels(shards: list[dict[str, Shard]]) -> dict[str, float] | None:
 
 
 def embedding_drift(source: str, split: str, seed: int, extra: list[str]) -> dict[str, Any]:
-    from mqttfl.algorithms.fedapa_session import FedAPASessionClient, renormalize
+    from mqttfl.algorithms.fedapa.session import FedAPASessionClient, renormalize
     from mqttfl.training.loops import embed_all
 
     out: dict[str, Any] = {}

@@ -252,9 +252,9 @@ class FederationResult:
 
 def adabn_predict(side: ClientSide, x: np.ndarray) -> np.ndarray:
     """The classifier head after FedAPA-S's test-time BatchNorm statistics
-    (:func:`~mqttfl.algorithms.fedapa_session.renormalize`): the adaptation alone, applied
+    (:func:`~mqttfl.algorithms.fedapa.session.renormalize`): the adaptation alone, applied
     to a method that does not have it."""
-    from mqttfl.algorithms.fedapa_session import renormalize
+    from mqttfl.algorithms.fedapa.session import renormalize
     from mqttfl.training.loops import predict_logits
 
     labels: np.ndarray = predict_logits(renormalize(side.model, x), x).argmax(axis=1)

@@ -81,7 +81,7 @@ def client(args: argparse.Namespace) -> int:
     from flwr.client import NumPyClient
     from flwr.compat.client.app import start_client
 
-    from mqttfl.algorithms.weights import float_entries
+    from mqttfl.algorithms.common.weights import float_entries
     from mqttfl.config import load_config
     from mqttfl.data.sources import load_client_shard
     from mqttfl.models import build_model

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mqttfl.algorithms.weights import group_key, weights_length
+from mqttfl.algorithms.common.weights import group_key, weights_length
 from mqttfl.engine.actions import Close, Keep
 from mqttfl.engine.buffered import BufferedEngine, make_engine
 from mqttfl.engine.state import RunState

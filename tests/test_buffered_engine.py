@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from mqttfl.algorithms import get_algorithm, make_context
+from mqttfl.algorithms.common.weights import group_key, weights_length
 from mqttfl.algorithms.fedapa import aggregate_prototypes
-from mqttfl.algorithms.weights import group_key, weights_length
 from mqttfl.config import FederationConfig, ModelConfig, RunConfig, TrainConfig, load_config
 from mqttfl.engine.actions import Announce, Close, Keep
 from mqttfl.engine.buffered import BufferedEngine, make_engine, staleness_weight

@@ -12,6 +12,7 @@ import torch
 
 from mqttfl.algorithms import fedali
 from mqttfl.algorithms.base import Context, Upload
+from mqttfl.algorithms.common.weights import flatten_weights, load_weights, weights_length
 from mqttfl.algorithms.fedali import (
     FedAliClient,
     FedAliParams,
@@ -19,7 +20,6 @@ from mqttfl.algorithms.fedali import (
     global_prototypes,
     weighted_mean_prototypes,
 )
-from mqttfl.algorithms.weights import flatten_weights, load_weights, weights_length
 from mqttfl.errors import ConfigError
 from mqttfl.models import build_model
 from mqttfl.models.transformer import ALPLayer, TransformerEncoderNet, ema_update, sinkhorn

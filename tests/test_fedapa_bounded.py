@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from mqttfl.algorithms.base import Context, Upload
+from mqttfl.algorithms.common.prototype_uploads import stack_uploads
 from mqttfl.algorithms.fedapa import (
     FedAPAClient,
     FedAPAParams,
@@ -19,8 +20,9 @@ from mqttfl.algorithms.fedapa import (
     aggregate_prototypes,
     prototype_contrast,
 )
-from mqttfl.algorithms.peer_sampling import (
+from mqttfl.algorithms.fedapa.peer_sampling import (
     dequantize_sets,
+    own_set_sums,
     quantize_sets,
     rebuild_own_set,
     sample_weights,
@@ -28,7 +30,7 @@ from mqttfl.algorithms.peer_sampling import (
     shared_sample,
     strata_weights,
 )
-from mqttfl.algorithms.prototype_uploads import stack_uploads
+from mqttfl.errors import WireError
 from mqttfl.wire.downlinks import encode_downlinks
 from mqttfl.wire.schemas import ClientInfo
 from tests.inprocess import Federation
@@ -217,13 +219,10 @@ def test_a_client_whose_kept_upload_is_not_the_aggregated_one_leaves_l_c_out() -
     client.sent = None  # a restarted client that kept nothing
     client.receive(3, broadcast, personal)
     assert client.p is None
-    # a coordinator of before 0.9 sends the own set itself: still taken
-    personal_old = {k: v for k, v in personal.items() if k != "own_sums"}
-    personal_old["own"] = np.zeros((c, d), np.float32)
-    client.check_downlink(broadcast, personal_old)
-    client.receive(4, broadcast, personal_old)
-    assert client.p is not None
-    assert client.p.shape == (4, c, d)
+    # weights without the sums that rebuild the own set are refused
+    without_sums = {k: v for k, v in personal.items() if k != "own_sums"}
+    with pytest.raises(WireError, match="own set"):
+        client.check_downlink(broadcast, without_sums)
 
 
 def test_a_federation_above_the_bound_trains_on_sampled_sets() -> None:
@@ -245,9 +244,13 @@ def test_sample_weights_that_do_not_fit_the_broadcast_sample_drop_l_c_for_the_ro
         "available": np.ones(c, np.uint8),
         "prototypes": np.zeros((3, c, d), np.float32),
     }
+    assert client.sent is not None
+    q = np.zeros((c, d), np.float32)
+    padded = q.copy()
+    padded[client.sent[0]] = client.sent[1]
     personal = {
-        "q": np.zeros((c, d), np.float32),
-        "own": np.zeros((c, d), np.float32),
+        "q": q,
+        "own_sums": own_set_sums(padded[None])[0],  # its own set does rebuild
         "set_weights": np.full(2, 0.5, np.float32),  # S has 3 sets: 4 weights expected
     }
     client.check_downlink(broadcast, None)

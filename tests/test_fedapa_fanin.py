@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from mqttfl.algorithms.base import Context, Upload
+from mqttfl.algorithms.common.prototype_uploads import stack_uploads
 from mqttfl.algorithms.fedapa import (
     FedAPAParams,
     FedAPAServer,
     aggregate_prototypes,
     personalized_prototypes,
 )
-from mqttfl.algorithms.fedapa_fanin import BLOCK, FanIn
-from mqttfl.algorithms.prototype_uploads import stack_uploads
+from mqttfl.algorithms.fedapa.fanin import BLOCK, FanIn
 from mqttfl.wire.schemas import ClientInfo
 
 C, D = 5, 12

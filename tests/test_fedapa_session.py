@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from mqttfl.adaptation.refine import refine_prototypes
-from mqttfl.algorithms.fedapa_session import renormalize
+from mqttfl.algorithms.fedapa.session import renormalize
 from mqttfl.training.loops import predict_logits
 from mqttfl.wire.downlinks import read_downlink
 from tests.inprocess import NUM_CLASSES, Federation

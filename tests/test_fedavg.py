@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mqttfl.algorithms.base import Upload
-from mqttfl.algorithms.weights import (
+from mqttfl.algorithms.common.weights import (
     average_by_group,
     flatten_weights,
     load_weights,

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mqttfl.algorithms.common.weights import flatten_weights
 from mqttfl.algorithms.fedpam import FedPAMClient, adjusted_head, personalized_contrastive_loss
-from mqttfl.algorithms.weights import flatten_weights
 from mqttfl.training.loops import train_epochs
 from tests.inprocess import Federation
 

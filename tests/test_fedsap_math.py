@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mqttfl.algorithms.base import Context
+from mqttfl.algorithms.common.prototypes import prototype_distance, prototype_squared_distance
 from mqttfl.algorithms.fedsap import (
     FedSAPClient,
     FedSAPParams,
@@ -26,7 +27,6 @@ from mqttfl.algorithms.fedsap import (
     strong_view,
     weak_view,
 )
-from mqttfl.algorithms.prototypes import prototype_distance, prototype_squared_distance
 from tests.inprocess import Federation
 
 

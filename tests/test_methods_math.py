@@ -13,10 +13,10 @@ import torch.nn.functional as F
 
 from mqttfl.algorithms import algorithm_names, get_algorithm
 from mqttfl.algorithms.base import Context, Upload
+from mqttfl.algorithms.common.prototypes import global_bank, nearest_prototype, prototype_mse
+from mqttfl.algorithms.common.weights import flatten_weights
 from mqttfl.algorithms.fedcaring import FedCaringParams, FedCaringServer, caring_weights
 from mqttfl.algorithms.fedproto import FedProtoClient, FedProtoParams, FedProtoServer
-from mqttfl.algorithms.prototypes import global_bank, nearest_prototype, prototype_mse
-from mqttfl.algorithms.weights import flatten_weights
 from mqttfl.algorithms.wifed import WiFedClient
 from mqttfl.engine.gate import UploadGate
 from mqttfl.errors import RejectedUpload, WireError

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from mqttfl.algorithms.weights import float_entries
+from mqttfl.algorithms.common.weights import float_entries
 from mqttfl.models import build_model
 from mqttfl.models.names import MODEL_NAMES
 from mqttfl.models.sizes import alp_widths, weight_count

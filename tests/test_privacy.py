@@ -325,7 +325,7 @@ def test_private_prototypes_are_norm_bounded_and_near_the_clipped_means() -> Non
 
 
 def test_dp_fedavg_uploads_the_clipped_update_and_count_one() -> None:
-    from mqttfl.algorithms.weights import flatten_weights
+    from mqttfl.algorithms.common.weights import flatten_weights
 
     _, _, client = _client("fedavg", TIGHT)
     client._noise = Recorder().rng  # noise 0: the release is θ_start + clip(Δ, S) exactly

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mqttfl.algorithms.weights import weights_length
+from mqttfl.algorithms.common.weights import weights_length
 from mqttfl.engine.actions import Close, Phase
 from mqttfl.errors import RejectedUpload, RunAborted, WireError
 from mqttfl.wire import Message, encode

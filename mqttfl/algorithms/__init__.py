@@ -133,7 +133,6 @@ def _register_modules(*modules: ModuleType) -> None:
 from mqttfl.algorithms import (  # noqa: E402
     fedali,
     fedapa,
-    fedapa_session,
     fedavg,
     fedcaring,
     fedpam,
@@ -143,9 +142,7 @@ from mqttfl.algorithms import (  # noqa: E402
     wifed,
 )
 
-_register_modules(
-    fedapa, fedapa_session, fedavg, local, fedproto, fedsap, fedali, fedpam, wifed, fedcaring
-)
+_register_modules(fedapa, fedavg, local, fedproto, fedsap, fedali, fedpam, wifed, fedcaring)
 
 __all__ = [
     "Algorithm",

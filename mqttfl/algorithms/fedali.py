@@ -46,14 +46,14 @@ from mqttfl.algorithms.base import (
     expect_array,
     expect_map,
 )
-from mqttfl.algorithms.fedavg import FedAvgClient
-from mqttfl.algorithms.weights import (
+from mqttfl.algorithms.common.weights import (
     average_by_group,
     flatten_weights,
     group_key,
     load_weights,
     weights_length,
 )
+from mqttfl.algorithms.fedavg import FedAvgClient
 from mqttfl.errors import ConfigError
 from mqttfl.models.sizes import alp_widths
 from mqttfl.privacy.mechanism import private_update

@@ -24,7 +24,7 @@ from mqttfl.algorithms.base import (
     expect_array,
     expect_map,
 )
-from mqttfl.algorithms.weights import (
+from mqttfl.algorithms.common.weights import (
     average_by_group,
     flatten_weights,
     group_key,

@@ -18,8 +18,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from mqttfl.algorithms.base import Algorithm, Context, Downlinks, ServerSide, Upload
+from mqttfl.algorithms.common.weights import average_by_group, group_key, weights_length
 from mqttfl.algorithms.fedavg import FedAvgClient
-from mqttfl.algorithms.weights import average_by_group, group_key, weights_length
 from mqttfl.training.loops import predict_logits
 from mqttfl.wire.schemas import ArrayField, ClientInfo, FloatField, IntField, PayloadSchema
 

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field
 
 from mqttfl.algorithms.base import Algorithm, Context
-from mqttfl.algorithms.prototypes import BankServer, Inference, PrototypeClient, prototype_mse
+from mqttfl.algorithms.common.prototypes import (
+    BankServer,
+    Inference,
+    PrototypeClient,
+    prototype_mse,
+)
 from mqttfl.training.lazy import lazy_import
 
 if TYPE_CHECKING:

@@ -45,7 +45,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from mqttfl.algorithms.base import Algorithm, Context
-from mqttfl.algorithms.prototypes import (
+from mqttfl.algorithms.common.prototypes import (
     BankServer,
     Inference,
     ProtoDistance,

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from mqttfl.algorithms.base import Algorithm, Context, Upload
-from mqttfl.algorithms.weights import group_key
+from mqttfl.algorithms.common.weights import group_key
 from mqttfl.config import FederationConfig, RunConfig
 from mqttfl.engine.actions import Action, Clock, Close, Keep, Phase
 from mqttfl.engine.aggregate import aggregate_checked

@@ -1,6 +1,6 @@
 """The graph of a model that adapts its normalization to the session it classifies.
 
-A method with ``adapt_norm`` (FedAPA-S, :mod:`mqttfl.algorithms.fedapa_session`)
+A method with ``adapt_norm`` (FedAPA-S, :mod:`mqttfl.algorithms.fedapa.session`)
 re-estimates each BatchNorm layer's statistics on the unlabeled windows it classifies.
 One ONNX graph with fixed statistics cannot do that, so the exported graph takes them as
 inputs and reports what the runtime needs to compute them:

@@ -11,7 +11,7 @@ a mean over tokens and a linear map to ``embed_dim`` give the embedding.
 An :class:`ALPLayer` is the identity until a method attaches prototypes to it
 (:meth:`ALPLayer.attach`), so other methods can train this model as a plain encoder.
 Its prototypes are non-persistent buffers: they are not in ``state_dict`` and hence
-never in the weight vector of :mod:`mqttfl.algorithms.weights`.
+never in the weight vector of :mod:`mqttfl.algorithms.common.weights`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """FedAPA-S on the device: the exported model adapted to its session, without torch.
 
 What the federation computes on a session's windows (``FedAPASessionClient.predict``,
-:mod:`mqttfl.algorithms.fedapa_session`), here with numpy and onnxruntime on the graph of
+:mod:`mqttfl.algorithms.fedapa.session`), here with numpy and onnxruntime on the graph of
 :mod:`mqttfl.export.adaptive`:
 
 0. **The screen** (:class:`~mqttfl.adaptation.screen.WindowScreen`, sensor.json's

@@ -46,7 +46,9 @@ from mqttfl.adaptation.screen import (
 )
 from mqttfl.adaptation.shift import ShiftGate, calibrate, fit_ratio, prototype_fit
 from mqttfl.algorithms.base import Algorithm
-from mqttfl.algorithms.fedapa import FedAPAClient, FedAPAParams, FedAPAServer
+from mqttfl.algorithms.fedapa.client import FedAPAClient
+from mqttfl.algorithms.fedapa.params import FedAPAParams
+from mqttfl.algorithms.fedapa.server import FedAPAServer
 from mqttfl.data.shard import Shard
 from mqttfl.training.lazy import lazy_import
 from mqttfl.training.loops import embed_all, predict_logits

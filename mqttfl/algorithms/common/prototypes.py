@@ -27,7 +27,11 @@ from mqttfl.algorithms.base import (
     Upload,
     expect_array,
 )
-from mqttfl.algorithms.prototype_uploads import class_statistics, prototype_schema, stack_uploads
+from mqttfl.algorithms.common.prototype_uploads import (
+    class_statistics,
+    prototype_schema,
+    stack_uploads,
+)
 from mqttfl.errors import WireError
 from mqttfl.training.lazy import lazy_import, no_grad
 from mqttfl.training.loops import embed_all
