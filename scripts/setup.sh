@@ -40,6 +40,7 @@ elif .venv/bin/python -m pip install -q --disable-pip-version-check \
 else
     pin "its install failed"
 fi
-# Then the package with every role's extra (a checkout is every role) and the test tools.
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[train,capture,test,images]"
+# Then the package with every role's extra (a checkout is every role), the test tools and
+# the documentation site's.
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[train,capture,test,images,docs]"
 echo "setup: ready (.venv)" >&2
