@@ -14,7 +14,7 @@ session resemble each other far more than another session) or not.
   three recording days of client ``room``, windows of 64 packets on the ESP32 grid
   (``data.device=esp32``) and on each room's own NIC.
 
-And the gain a session holds (issue 31; ``levels``): per client and label, the coefficient of
+And the gain a session holds (``levels``): per client and label, the coefficient of
 variation of the sessions' mean amplitude (between sessions), against that of the windows'
 mean amplitude inside a session (:func:`benchmarks.bench_session_drift.session_levels`),
 on ESPectre and on the simulated rooms of ``bench_sessions`` (session split, seed 0). The
@@ -23,7 +23,7 @@ lognormal σ per recording day) is set so the rooms' between-session figure matc
 ESPectre's.
 
 No recording of a seated crowd on several days is at hand, so the people-present rows
-have no real counterpart here; issue 24's ESP32 crowd set (3 sessions per room, kept
+have no real counterpart here; the ESP32 crowd set (3 sessions per room, kept
 outside the repository) is where the days-per-room figure (3) comes from.
 
     python -m benchmarks.bench_calibration

@@ -1,4 +1,4 @@
-"""What a client device pays (issue 29): memory and time of one client process on one CPU.
+"""What a client device pays: memory and time of one client process on one CPU.
 
     python -m benchmarks.bench_device [--quick]
 

@@ -1,6 +1,6 @@
 """FedAPA's bounded downlink against exact Eq. 10: accuracy at N=100 clients, paired seeds.
 
-Issue 22 asks whether the bounded downlink (a stratified sample of the N prototype sets,
+Whether the bounded downlink (a stratified sample of the N prototype sets,
 int8, instead of all of them) costs accuracy, on a job where L_c matters, with an
 interval narrow enough to see a 2-point loss. In process (each client's and the server's
 own FedAPA code, no broker: :func:`benchmarks.bench_sessions.federate`), the same seeds

@@ -1,4 +1,4 @@
-"""One hostile device with valid credentials against a training federation (issue 30).
+"""One hostile device with valid credentials against a training federation .
 
 A Mosquitto from `broker init` (locked: a password and an ACL per identity) on
 127.0.0.1, a 3-client federation of real processes (TinyConvNet4, tiny shards), and a
@@ -129,7 +129,7 @@ class Flood(threading.Thread):
 
 def status_flips(i: int, _round: int) -> Message_:
     """Online with a new ``arch`` each time, then offline: 1 KB a distinct announcement
-    in a cache without a bound (issue 30, row 1)."""
+    in a cache without a bound."""
     if i % 2:
         return f"{BASE}/status/{ATTACKER}", Offline(ATTACKER, "flip").encode(RUN_ID), True
     info = ClientInfo(ATTACKER, f"arch-{i}", (0, 1, 2), 60, (24, 242))

@@ -1,5 +1,5 @@
 """The house's counts: string dispatch, untyped documents, strict type errors and private
-reach-ins, read from the source (issue 34's audit, kept reproducible).
+reach-ins, read from the source (an audit, kept reproducible).
 
 - ``string_comparisons``: ``== "`` in ``mqttfl/`` (a comparison with a string literal,
   the shape of dispatch on a name);

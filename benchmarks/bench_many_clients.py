@@ -1,4 +1,4 @@
-"""Many client processes on one machine (issue 29): the default job with 200 clients.
+"""Many client processes on one machine: the default job with 200 clients.
 
     python -m benchmarks.bench_many_clients [--quick]
 

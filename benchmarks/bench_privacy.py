@@ -1,6 +1,6 @@
 """What an upload leaks, measured by attacking it, with and without differential privacy.
 
-Issue 32. Each setting (DP off, and ``[privacy] epsilon`` ∈ {8, 3, 1} at δ=1e-5, clip 1,
+Each setting (DP off, and ``[privacy] epsilon`` ∈ {8, 3, 1} at δ=1e-5, clip 1,
 the noise solved for the run's rounds) runs the same small federations in process (each
 method's own client and server sides, no broker: :func:`run_federation`), scores every
 client on its test split, and then attacks each client from its uploads alone, as the

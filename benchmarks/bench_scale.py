@@ -38,7 +38,7 @@ from benchmarks.common import REPO, RESULTS, bench_main, log, stats
 from benchmarks.loadfed import coordinator_under_load
 
 SIZES = (6, 30, 100, 300, 1000)
-PLOT = REPO / "docs" / "figures" / "bytes_vs_n.png"  # full size: kept with BENCHMARKS.md
+PLOT = REPO / "docs" / "figures" / "bytes_vs_n.png"  # full size: shown in docs/benchmarks/
 CSI_SAMPLE_SHAPE = (1, 32, 242)  # the default job: 1 x window x subcarriers
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "FedAPA exact": ("fedapa", ["method.max_peer_sets=100000", "model.name=large"]),

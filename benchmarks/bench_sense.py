@@ -9,7 +9,7 @@
   client from its state file and predicts the same windows (what a device would run
   without export);
 - start-up: process start to the first reading printed (`--once --fast`);
-- ``adapt`` (issue 31, :mod:`benchmarks.sense_adapt`): FedAPA-S adapting on the stream:
+- ``adapt`` (:mod:`benchmarks.sense_adapt`): FedAPA-S adapting on the stream:
   latency per buffer size, the adapting sensor's peak RSS, and the stream's curve on
   ESPectre against the run's figure (the README's figure, docs/figures/).
 

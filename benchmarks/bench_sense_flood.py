@@ -15,7 +15,7 @@ was sent) at QoS 0, the cheapest way to send many. Measured:
   stamp), next to one window's duration (1.2 s);
 - that SIGTERM ends it with exit 0 and the availability topic ``offline``.
 
-Goals (issue 30): peak RSS <= 150 MB; readings resume within one window after the flood.
+Goals: peak RSS <= 150 MB; readings resume within one window after the flood.
 
     python -m benchmarks.bench_sense_flood [--quick]
 """

@@ -198,7 +198,7 @@ def plot(results: dict[str, Any]) -> None:
 
 def plot_tradeoff(data: dict[str, Any]) -> None:
     """docs/figures/sessions_tradeoff.png: session-split accuracy against the bytes a client
-    sends and receives per round, per real source (the curve issue 24 asks for where its
+    sends and receives per round, per real source (the curve asked for where its
     goal is not met): a method is worth its bytes only above and left of the others."""
     import matplotlib.pyplot as plt
 

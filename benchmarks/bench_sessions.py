@@ -1,6 +1,6 @@
 """Across sessions: every method under the window split and the session split.
 
-Issue 24: on a public crowd-counting set the prototype methods win the window split (test
+On a public crowd-counting set the prototype methods win the window split (test
 windows from the sessions a client trained on) and lose the session split (a day never
 trained on). This benchmark measures the same two splits on our own sources, in process
 (each method's own client and server sides, no broker), ``SEEDS`` seeds each:
@@ -65,7 +65,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "fedpam": ("fedpam", []),
     "fedapa": ("fedapa", []),
     "fedapa-session": ("fedapa-session", []),
-    # FedAPA-S adapting every session, without the shift gate (issue 24's FedAPA-S)
+    # FedAPA-S adapting every session, without the shift gate (the first FedAPA-S)
     "fedapa-session-always": ("fedapa-session", ["method.gate=false"]),
     # ablations and variants (docs/sessions.md)
     "fedapa-no-lc": ("fedapa", ["method.use_client_prototypes=false"]),

@@ -18,7 +18,7 @@ from typing import Any
 
 from benchmarks import sections
 
-#: Renders one result document as the markdown lines of its BENCHMARKS.md section.
+#: Renders one result document as the markdown lines of its benchmark page's section.
 Section = Callable[[dict[str, Any]], list[str]]
 
 
@@ -30,7 +30,7 @@ class Benchmark:
     #: ``run_all`` runs it without ``--only`` (the others are long, need hardware or data
     #: this machine may lack, or are studies rerun by hand: ``--only NAME`` or ``--all``).
     default: bool
-    #: the markdown ``summarize`` prints from its result; None: BENCHMARKS.md's prose
+    #: the markdown ``summarize`` prints from its result; None: the benchmark pages' prose
     #: carries its figures, written by hand
     section: Section | None = None
     #: benchmarks/results/<result>[-quick].json; the name unless the module writes another

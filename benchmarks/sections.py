@@ -1,4 +1,4 @@
-"""The section of BENCHMARKS.md each benchmark's result prints as (``python -m
+"""The section of the benchmark pages each benchmark's result prints as (``python -m
 benchmarks.summarize``): one function per section, from the result document to markdown
 lines. :mod:`benchmarks.registry` names each benchmark's section.
 """

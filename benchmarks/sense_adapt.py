@@ -1,4 +1,4 @@
-"""The adapting sensor (issue 31): `python -m benchmarks.bench_sense` part ``adapt``.
+"""The adapting sensor: `python -m benchmarks.bench_sense` part ``adapt``.
 
 - **latency** with adaptation on, one onnxruntime thread, per buffer size: a reading
   (batch 1, the estimate in force), one estimate on a full buffer (the gate's pass, the

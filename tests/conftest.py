@@ -1,7 +1,7 @@
 """Shared fixtures: a real mosquitto on a free loopback port; a cache for Local references.
 
 The suite runs in pytest-xdist workers (``-n 2 --dist loadgroup`` in pyproject.toml's
-addopts; BENCHMARKS.md, "Suite time"): much of its time is spent waiting on real
+addopts; docs/benchmarks/suite.md): much of its time is spent waiting on real
 processes and brokers, and every test works in its own tmp dir and on its own broker
 port. ``-n 0`` runs it in one process.
 """

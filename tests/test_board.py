@@ -1,4 +1,4 @@
-"""The board test (issue 29): one client of a real federation runs inside a memory cgroup
+"""The board test: one client of a real federation runs inside a memory cgroup
 pinned to one CPU, the budget of a 512 MB board (768 MB for the tiny model on the
 default job's 242 subcarriers), and trains and uploads every round without an OOM kill.
 

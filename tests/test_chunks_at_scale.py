@@ -131,7 +131,7 @@ def test_interleaved_fedavg_uploads_lose_nothing(tmp_path: Path, n: int) -> None
     if n == 40:
         # The flooder: bounded to one message at a time, each one given up on counted, or
         # past its sender's budget dropped before reassembly and counted as throttled
-        # (issue 30); its partial messages took no room from the round's uploads.
+        # its partial messages took no room from the round's uploads.
         assert len(flooded) > 50
         rejected = summary["rejected_messages"]
         counted = rejected.get("chunk_incomplete", 0) + rejected.get("throttled", 0)

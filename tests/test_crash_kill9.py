@@ -1,4 +1,4 @@
-"""Issue 30, row 3, live: the coordinator killed with ``kill -9`` ten times at random
+"""Live: the coordinator killed with ``kill -9`` ten times at random
 points, restarted each time on the same ``--out``, and the run still completes with
 every round counted once.
 

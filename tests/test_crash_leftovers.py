@@ -1,4 +1,4 @@
-"""Issue 30, row 3: what a killed coordinator leaves in its run dir never stops a resume.
+"""What a killed coordinator leaves in its run dir never stops a resume.
 
 Before: a ``metrics.jsonl`` ending in a partial line (a kill during a write) made the
 restarted coordinator die with a JSONDecodeError traceback; a ``checkpoint.msgpack`` cut

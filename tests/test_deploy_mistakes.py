@@ -1,7 +1,7 @@
 """The mistakes people make while setting devices up, each made for real.
 
 One broker made by `mqttfl broker init` (2 client identities, a config that wants 3), its
-Mosquitto, one coordinator and two good clients; around them, every mistake of issue 25
+Mosquitto, one coordinator and two good clients; around them, every mistake
 as a real process, typed as a person would. Each asserts the one line the person sees,
 the exit code, and how soon it came: counted from the process's first log line (when it
 is ready to talk to the broker; importing torch on a loaded machine comes before that),

@@ -5,7 +5,7 @@ refuses to publish them, logs ``upload.refused`` with the reason, rolls back to 
 it had before the round (so the next round does not start from the diverged model) and
 does not train that round again when the start is repeated. It tells the coordinator it
 cannot train the round (an acknowledgement carrying ``cannot_train``), so each round
-closes without it at once, not at its deadline (issue 34), and every process exits 0.
+closes without it at once, not at its deadline, and every process exits 0.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The error tree (issue 34, item 4): every exception class defined under ``mqttfl/``
+"""The error tree: every exception class defined under ``mqttfl/``
 descends from :class:`~mqttfl.errors.MqttflError`, and every raise names a subclass that
 says what kind of failure it is, never the base itself."""
 

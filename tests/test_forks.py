@@ -1,4 +1,4 @@
-"""`mqttfl run` forks its clients from one `mqttfl clients` parent (issue 29): each is its
+"""`mqttfl run` forks its clients from one `mqttfl clients` parent: each is its
 own OS process with its own MQTT session and last will, killable alone with kill -9,
 and the round goes on without it."""
 

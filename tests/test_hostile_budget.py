@@ -1,4 +1,4 @@
-"""A device with valid credentials cannot bloat or stall the coordinator (issue 30, rows 1-2).
+"""A device with valid credentials cannot bloat or stall the coordinator .
 
 Row 1: status flips, each with a different ``arch``, grew the coordinator by about 1 KB a
 distinct announcement, never freed (the upload schemas were cached by announcement).

@@ -1,5 +1,5 @@
-"""The hostile-peer catalogue, live: every forged or malformed control message named in
-issue 12, replayed at a running federation of real processes on a real Mosquitto.
+"""The hostile-peer catalogue, live: every forged or malformed control message in tests/hostile.py,
+replayed at a running federation of real processes on a real Mosquitto.
 
 Twice per method (FedAPA, FedAvg, FedAli): on an open broker, where the attacker may
 publish anywhere, and on ``broker init``'s ACL broker, where the attacker holds client 0's

@@ -1,4 +1,4 @@
-"""Install by role (issue 29): `pip install mqttfl` alone, in a fresh venv where torch
+"""Install by role: `pip install mqttfl` alone, in a fresh venv where torch
 cannot be imported, is a coordinator host and a sensing device. Its `broker init`,
 `watch --once`, coordinator (of a federation whose clients are torch processes of this
 checkout's venv) and `sense` (on that run's client, exported with torch here) all run;

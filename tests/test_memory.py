@@ -1,4 +1,4 @@
-"""Bounded evaluation batches (issue 29): every pass over a shard but training is batched
+"""Bounded evaluation batches: every pass over a shard but training is batched
 so that its activations stay under a budget, and the answers do not change."""
 
 from __future__ import annotations

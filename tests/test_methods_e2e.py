@@ -43,7 +43,7 @@ SMOKE_WEIGHT_BYTES = 500_000  # float32 weights of the CNN, well under its 738 K
 # transformer at d=64: 104 KB)
 
 # Learning floors, from python -m benchmarks.bench_learning (every method, seeds 0-2;
-# BENCHMARKS.md, "Every method learns"): the worst client of any run scored 0.65 after
+# docs/benchmarks/accuracy.md): the worst client of any run scored 0.65 after
 # 3 rounds (FedCaring), the mean over clients of any run at least 0.75, and the highest
 # majority-class share of a test split is 0.32 (what answering a client's most common
 # label scores; 10 classes, so uniform chance is 0.10).

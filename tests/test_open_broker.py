@@ -1,4 +1,4 @@
-"""What a peer can do with the run's lease and a site's notice (issue 30, rows 13-15).
+"""What a peer can do with the run's lease and a site's notice .
 
 On an open (anonymous) broker anyone may publish anything; on one from `broker init` the
 ACL decides who may write the lease (the coordinator's identity only) and a site's

@@ -1,4 +1,4 @@
-"""Differential privacy on uploads (issue 32): the mechanisms' math on hand-computed
+"""Differential privacy on uploads: the mechanisms' math on hand-computed
 cases, the sensitivity they are calibrated to, the accountant (dp-accounting), the
 ``[privacy]`` table, and what a private upload declares and the schema enforces."""
 

@@ -1,5 +1,5 @@
 """A refused upload, or a client that says it cannot train, ends the round's wait for it
-at once (issue 34, item 6): the round closes as soon as every selected client has
+at once: the round closes as soon as every selected client has
 uploaded or been refused. On the engine's fake clock, no sleeping."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The registries of issue 34, item 1: data sources, capture formats, image datasets,
+"""The registries: data sources, capture formats, image datasets,
 shard groupings and model specs each hold one entry per name, and the config accepts
 exactly the names they hold."""
 

@@ -1,4 +1,4 @@
-"""Issue 30, rows 4 and 5: nothing a command reads can destroy the user's data or end in
+"""Nothing a command reads can destroy the user's data or end in
 a traceback.
 
 Before: ``mqttfl export`` of a client whose state file was cut short (or was a pickle)

@@ -1,4 +1,4 @@
-"""FedAPA-S on the device (issue 31): its export adapts, `mqttfl sense` adapts without
+"""FedAPA-S on the device: its export adapts, `mqttfl sense` adapts without
 torch, and `sense --eval` gives the run's own figure.
 
 - the adaptive ONNX graph equals torch with the trained and with the adapted statistics;
@@ -8,7 +8,7 @@ torch, and `sense --eval` gives the run's own figure.
 - `sense --eval` on a tiny FedAPA-S federation reproduces the run's accuracy, F1, MAE and
   its gate's decision; `--stream --curve` writes the curve;
 - the state message carries ``adapted`` and ``shift_score``;
-- a sensor.json without ``adaptation`` (every export before issue 31) still loads, and a
+- a sensor.json without ``adaptation`` (every export made before adaptation was) still loads, and a
   bad section is a DataError naming its field.
 """
 

@@ -1,5 +1,5 @@
-"""`mqttfl sense` as a long-running device service, attacked from inside (issue 30, rows
-6 to 11), over a real Mosquitto with torch unimportable: frames stamped out of any
+"""`mqttfl sense` as a long-running device service, attacked from inside,
+over a real Mosquitto with torch unimportable: frames stamped out of any
 clock's range, CSI values finite in float64 but not in float32, a flood of 10,000
 frames/s, two names that used to share a client id, a discovery prefix no topic can
 hold, a sensor.json nested 100,000 deep; and `offline` on every way out."""

@@ -29,7 +29,7 @@ METHODS = ("fedapa", "fedavg", "wifed", "fedali")
 # FedAvg's and WiFed's exports are plain models, checked on the rooms already.
 ESPECTRE_METHODS = ("fedapa", "fedali")
 # Every room on the Intel 5300, a larger step and the window split (a test day recorded at
-# another receiver gain, issue 31's simulator, turns a two-round model constant), so that
+# another receiver gain, as the simulator draws it, turns a two-round model constant), so that
 # two rounds already give models that answer more than one class (a constant model would
 # make the parity vacuous).
 SYNTHETIC = [

@@ -126,7 +126,7 @@ def test_config_offers_exactly_the_simulated_devices() -> None:
 
 
 def test_a_recording_day_holds_one_gain_for_every_count() -> None:
-    """Issue 31: the session level is the day's AGC setting, the same for every count
+    """The session level is the day's AGC setting, the same for every count
     recorded that day, and it differs between days by the calibrated spread."""
     from mqttfl.data.synthetic import SESSION_LEVEL_SIGMA, draw_sessions
 

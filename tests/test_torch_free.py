@@ -1,4 +1,4 @@
-"""The coordinator, its server sides, the wire and the CLI never load torch (issue 9).
+"""The coordinator, its server sides, the wire and the CLI never load torch .
 
 Each check runs in a fresh interpreter, so an import that drags torch in anywhere on the
 path shows up as 'torch' in sys.modules.
@@ -39,7 +39,7 @@ MODULES = [
     "mqttfl.monitor.live",
     "mqttfl.launch.local",
     "mqttfl.evaluation.compare",
-    # what `pip install mqttfl` (no extras) runs: coordinator, report, sense (issue 29)
+    # what `pip install mqttfl` (no extras) runs: coordinator, report, sense
     "mqttfl.commands.coordinator",
     "mqttfl.commands.report",
     "mqttfl.commands.sense",

@@ -1,4 +1,4 @@
-"""`mqttfl watch` on a very large federation (issue 30, row 12): a retained run state that
+"""`mqttfl watch` on a very large federation: a retained run state that
 selects 100,000 clients (a 900 KB message) is read in one pass and drawn as a bounded
 table, and each upload after it costs the same whatever the selection's size.
 
