@@ -13,7 +13,7 @@ import pytest
 
 from mqttfl.algorithms.common.weights import group_key, weights_length
 from mqttfl.engine.actions import Close, Keep
-from mqttfl.engine.buffered import BufferedEngine, make_engine
+from mqttfl.engine.buffered import BufferedEngine, engine_for
 from mqttfl.engine.state import RunState
 from mqttfl.errors import RejectedUpload
 from mqttfl.testing.clocked import FakeClock
@@ -93,7 +93,7 @@ def test_an_upload_before_its_senders_status_is_held_and_decided_when_it_comes()
     d.upload(1, 1, proto_body(1.0))  # version 1
     keep = next(a for a in d.upload(2, 1, proto_body(2.0)) if isinstance(a, Keep))
     state = RunState.from_dict(unpack_data(pack_data(keep.checkpoint)), d.cfg, source="test")
-    again = make_engine(d.cfg, d.algorithm, d.ctx, clock=FakeClock(), state=state)
+    again = engine_for(d.cfg)(d.cfg, d.algorithm, d.ctx, clock=FakeClock(), state=state)
     assert isinstance(again, BufferedEngine)
     raw = encode(Message("upload", RUN, 1, "2", proto_body(3.0)))
     assert again.on_upload(1, "2", raw) is None  # held
@@ -112,7 +112,7 @@ def test_an_upload_of_a_client_the_checkpoint_never_knew_is_still_refused() -> N
     for client in range(3):
         d.upload(1, client, proto_body(1.0))
     state = RunState.from_dict(unpack_data(pack_data(d.engine.checkpoint())), d.cfg, source="test")
-    again = make_engine(d.cfg, d.algorithm, d.ctx, clock=FakeClock(), state=state)
+    again = engine_for(d.cfg)(d.cfg, d.algorithm, d.ctx, clock=FakeClock(), state=state)
     raw = encode(Message("upload", RUN, 1, "9", proto_body(3.0)))
     with pytest.raises(RejectedUpload) as refused:
         again.on_upload(1, "9", raw)

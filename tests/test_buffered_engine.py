@@ -14,7 +14,7 @@ from mqttfl.algorithms.common.weights import group_key, weights_length
 from mqttfl.algorithms.fedapa import aggregate_prototypes
 from mqttfl.config import FederationConfig, ModelConfig, RunConfig, TrainConfig, load_config
 from mqttfl.engine.actions import Announce, Close, Keep
-from mqttfl.engine.buffered import BufferedEngine, make_engine, staleness_weight
+from mqttfl.engine.buffered import BufferedEngine, engine_for, staleness_weight
 from mqttfl.engine.rounds import RoundEngine
 from mqttfl.engine.state import RunState
 from mqttfl.errors import ConfigError, RejectedUpload
@@ -60,7 +60,7 @@ def test_rounds_stay_the_default_and_build_the_synchronous_engine() -> None:
     cfg = RunConfig(run_id=RUN)
     assert cfg.federation.mode == "rounds"
     ctx = make_context(cfg)
-    engine = make_engine(cfg, get_algorithm(cfg.method), ctx, clock=FakeClock())
+    engine = engine_for(cfg)(cfg, get_algorithm(cfg.method), ctx, clock=FakeClock())
     assert type(engine) is RoundEngine
 
 
@@ -149,7 +149,7 @@ class Driver:
         self.ctx = make_context(cfg)
         self.algorithm = get_algorithm(cfg.method)
         self.clock = FakeClock()
-        engine = make_engine(cfg, self.algorithm, self.ctx, clock=self.clock)
+        engine = engine_for(cfg)(cfg, self.algorithm, self.ctx, clock=self.clock)
         assert isinstance(engine, BufferedEngine)
         self.engine = engine
         self.infos = [
@@ -250,7 +250,7 @@ def test_a_restarted_engine_keeps_the_version_counter_and_the_buffer() -> None:
     state = RunState.from_dict(unpack_data(pack_data(keep.checkpoint)), d.cfg, source="test")
     assert state.round == 1
     clock = FakeClock()
-    again = make_engine(d.cfg, d.algorithm, d.ctx, clock=clock, state=state)
+    again = engine_for(d.cfg)(d.cfg, d.algorithm, d.ctx, clock=clock, state=state)
     assert isinstance(again, BufferedEngine)
     assert set(again.buffer.entries) == {(2, "2")}
     assert set(again.latest) == {"0", "1"}

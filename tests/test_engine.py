@@ -3,6 +3,7 @@ stale and duplicate uploads, a poisoned aggregate, the checkpoint and resume."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -136,8 +137,10 @@ def test_stale_duplicate_and_future_uploads_are_rejected_and_counted() -> None:
 class PoisonableServer(FedAvgServer):
     """FedAvg whose aggregate turns non-finite when an upload's weights exceed 100."""
 
-    def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks:
-        down = super().aggregate(t, uploads)
+    def aggregate(
+        self, t: int, uploads: list[Upload], staleness: Mapping[str, float] | None = None
+    ) -> Downlinks:
+        down = super().aggregate(t, uploads, staleness)
         if any(float(np.abs(u.body["weights"]).max()) > 100 for u in uploads):
             down.broadcast["weights"] = {
                 k: v * np.inf for k, v in down.broadcast["weights"].items()

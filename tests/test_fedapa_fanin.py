@@ -93,7 +93,13 @@ def test_mean_aggregation_and_weighted_rounds_keep_no_fan_in() -> None:
     mean = FedAPAServer(Context(C, D, 10, 0, FedAPAParams(aggregation="mean")))
     mean.prepare(1, uploads[0])
     assert mean.fan_in is None
+    # buffered mode passes staleness weights: the unweighted fan-in is not used
     weighted = FedAPAServer(Context(C, D, 10, 0, FedAPAParams()))
-    weighted.upload_weights = {"c00": 0.5}
-    weighted.prepare(1, uploads[0])
-    assert weighted.fan_in is None
+    for u in uploads:
+        weighted.prepare(1, u)
+    stale = {"c00": 0.5, "c01": 1.0, "c02": 1.0}
+    down = weighted.aggregate(1, uploads, stale)
+    protos, mask = stack_uploads(uploads, C, D)
+    q, _, _ = aggregate_prototypes(protos, mask, tau=0.5, weights=np.array([0.5, 1.0, 1.0]))
+    for row, u in enumerate(uploads):
+        np.testing.assert_array_equal(down.personal[u.client_id]["q"], q[row])

@@ -9,6 +9,7 @@ numpy and the wire's schema types, never the runtime.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -64,13 +65,20 @@ class Downlinks:
 
 
 class ServerSide(ABC):
-    """Server half of a method: round parameters and aggregation."""
+    """Server half of a method: round parameters and aggregation.
+
+    Buffered mode (:mod:`mqttfl.engine.buffered`) asks one more thing of a method, by
+    family: a method whose upload is a set it aggregates (prototypes) ``keeps_latest``,
+    so each client's newest set counts at every close while it is fresh, weighted by its
+    staleness; a method whose upload is a model has each upload moved onto the current
+    version once (:meth:`rebase`, from what :meth:`version` kept of the versions before).
+    """
+
+    #: buffered mode: each client's newest upload is aggregated again at every close
+    keeps_latest: bool = False
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        # Buffered mode (mqttfl/engine/buffered.py): each upload's staleness weight s(τ)
-        # during aggregate(), by client; empty (every weight 1) in synchronous rounds.
-        self.upload_weights: dict[str, float] = {}
 
     def round_params(self, t: int) -> dict[str, Any]:
         """Published in the round's start message (schedules live on the server)."""
@@ -82,7 +90,27 @@ class ServerSide(ABC):
         return None
 
     @abstractmethod
-    def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks: ...
+    def aggregate(
+        self, t: int, uploads: list[Upload], staleness: Mapping[str, float] | None = None
+    ) -> Downlinks:
+        """Round ``t``'s downlinks from its uploads. ``staleness``: buffered mode's weight
+        s(τ) of each client's upload (None: synchronous rounds, every weight 1)."""
+
+    def version(self, downlinks: Downlinks) -> dict[str, np.ndarray]:
+        """Buffered mode: what to keep of a published version to :meth:`rebase` later
+        uploads on (default: nothing)."""
+        return {}
+
+    def rebase(
+        self,
+        upload: Upload,
+        s: float,
+        base: dict[str, np.ndarray],
+        now: dict[str, np.ndarray],
+    ) -> Upload:
+        """Buffered mode: ``upload``, trained from version ``base``, as it counts in the
+        version after ``now`` with staleness weight ``s`` (default: as it is)."""
+        return upload
 
     def state_dict(self) -> dict[str, Any]:
         return {}

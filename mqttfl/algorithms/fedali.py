@@ -32,6 +32,7 @@ Adam (lr 1e-4) each round, 5 local epochs, batch 64 (``local_*`` parameters; set
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
@@ -41,12 +42,12 @@ from mqttfl.algorithms.base import (
     Algorithm,
     Context,
     Downlinks,
-    ServerSide,
     Upload,
     expect_array,
     expect_map,
 )
 from mqttfl.algorithms.common.weights import (
+    ModelVersions,
     average_by_group,
     flatten_weights,
     group_key,
@@ -136,8 +137,10 @@ def global_prototypes(stacked: np.ndarray, counts: np.ndarray, *, iterations: in
     return cast("np.ndarray", centroids.astype(np.float32))
 
 
-class FedAliServer(ServerSide):
-    def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks:
+class FedAliServer(ModelVersions):
+    def aggregate(
+        self, t: int, uploads: list[Upload], staleness: Mapping[str, float] | None = None
+    ) -> Downlinks:
         p: FedAliParams = self.ctx.params
         samples = {u.client_id: float(u.body["num_samples"]) for u in uploads}
         counts = np.array([samples[u.client_id] for u in uploads])

@@ -10,6 +10,7 @@ constant 1 (:func:`~mqttfl.privacy.mechanism.private_update`, sensitivity derive
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -19,12 +20,12 @@ from mqttfl.algorithms.base import (
     ClientSide,
     Context,
     Downlinks,
-    ServerSide,
     Upload,
     expect_array,
     expect_map,
 )
 from mqttfl.algorithms.common.weights import (
+    ModelVersions,
     average_by_group,
     flatten_weights,
     group_key,
@@ -44,8 +45,10 @@ def weights_schema(ctx: Context, info: ClientInfo) -> PayloadSchema:
     )
 
 
-class FedAvgServer(ServerSide):
-    def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks:
+class FedAvgServer(ModelVersions):
+    def aggregate(
+        self, t: int, uploads: list[Upload], staleness: Mapping[str, float] | None = None
+    ) -> Downlinks:
         weights = {u.client_id: float(u.body["num_samples"]) for u in uploads}
         return Downlinks(broadcast={"weights": average_by_group(uploads, weights)})
 

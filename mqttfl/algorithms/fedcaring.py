@@ -12,13 +12,19 @@ gets weight ``caring_high`` = 1, the others ``caring_low`` = 0.3, and the server
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from mqttfl.algorithms.base import Algorithm, Context, Downlinks, ServerSide, Upload
-from mqttfl.algorithms.common.weights import average_by_group, group_key, weights_length
+from mqttfl.algorithms.base import Algorithm, Context, Downlinks, Upload
+from mqttfl.algorithms.common.weights import (
+    ModelVersions,
+    average_by_group,
+    group_key,
+    weights_length,
+)
 from mqttfl.algorithms.fedavg import FedAvgClient
 from mqttfl.training.loops import predict_logits
 from mqttfl.wire.schemas import ArrayField, ClientInfo, FloatField, IntField, PayloadSchema
@@ -41,8 +47,10 @@ def caring_weights(
     return {client: high if value >= cut - 1e-12 else low for client, value in performance.items()}
 
 
-class FedCaringServer(ServerSide):
-    def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks:
+class FedCaringServer(ModelVersions):
+    def aggregate(
+        self, t: int, uploads: list[Upload], staleness: Mapping[str, float] | None = None
+    ) -> Downlinks:
         p: FedCaringParams = self.ctx.params
         groups: dict[str, dict[str, float]] = {}
         for upload in uploads:

@@ -5,6 +5,7 @@ The FedAPA paper's lower baseline (Table III, first row).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from mqttfl.algorithms.base import (
@@ -19,7 +20,9 @@ from mqttfl.wire.schemas import EMPTY, ClientInfo, PayloadSchema
 
 
 class LocalServer(ServerSide):
-    def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks:
+    def aggregate(
+        self, t: int, uploads: list[Upload], staleness: Mapping[str, float] | None = None
+    ) -> Downlinks:
         return Downlinks()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,13 @@ def magnitude(body: dict[str, Any]) -> float:
 
 
 def aggregate_checked(
-    server: ServerSide, t: int, uploads: list[Upload], rejections: Counter[str], log: Any
+    server: ServerSide,
+    t: int,
+    uploads: list[Upload],
+    rejections: Counter[str],
+    log: Any,
+    *,
+    staleness: Mapping[str, float] | None = None,
 ) -> Downlinks:
     """Aggregate; if the result is not finite (or the method fails on its inputs), drop the
     upload of largest magnitude, restore the server's state and aggregate again: one
@@ -41,7 +48,12 @@ def aggregate_checked(
     remaining = list(uploads)
     while True:
         try:
-            downlinks = server.aggregate(t, remaining)
+            # synchronous rounds call it as a method written for them may declare it
+            downlinks = (
+                server.aggregate(t, remaining)
+                if staleness is None
+                else server.aggregate(t, remaining, staleness)
+            )
             if is_finite(downlinks.broadcast) and is_finite(downlinks.personal):
                 return downlinks
             reason = "non_finite_aggregate"

@@ -16,29 +16,15 @@ Each upload counts with s(τ) (:func:`staleness_weight`): FedBuff's 1/sqrt(1+τ)
 al. 2022, Sec. 5, "staleness scaling"), or FedAsync's polynomial (1+τ)^-a (Xie et al.
 2019, Sec. 5.2), or 1.
 
-**FedAvg family** (an upload carrying ``weights``): the buffered average of model deltas.
-The engine keeps the broadcast weights of the last ``max_staleness``+1 versions; an
-upload of round u trained from version u-1, so its delta is Δ_k = θ_k - θ^(u-1), and
-the method aggregates θ'_k = θ^(t-1) + s(τ_k)·Δ_k with its own sample weights:
-θ^(t) = θ^(t-1) + Σ_k n_k s(τ_k) Δ_k / Σ_k n_k (FedBuff Algorithm 1 with η_g = 1 and
-sample weights; a stale delta shrinks the step instead of being renormalized away).
-Round 1's uploads have no published base (every client starts from its own seeded
-initial model): at version 1 they are averaged as they are; one that arrives later moves
-the model toward it by s(τ), θ^(t-1) + s(τ)(θ_k - θ^(t-1)) (FedAsync's mixing, Xie et
-al. 2019, Eq. 1, with α·s = s).
-
-**Prototype methods** (an upload carrying ``prototypes``: FedAPA, FedAPA-S, FedProto,
-FedSAP): the engine keeps each client's latest prototype set with the round it was
-trained in; when the buffer fills it aggregates over the latest set of every client
-within ``max_staleness`` (not only the buffer's), each set down-weighted by s(τ_j)
-through :attr:`~mqttfl.algorithms.base.ServerSide.upload_weights`. For FedAPA the
-personalized set is then Q_i^c = Σ_j α_ij^c p_j^c with α_ij^c ∝ s(τ_j)·exp(cos(p_i^c,
-p_j^c)/τ) (Eqs. 5-7) and Eq. 8's padding the s-weighted mean over holders: p_j is the
-newest set client j reported, computed by its model of version u_j - 1, so Q_i is the
-similarity-weighted consensus of the peers' newest sets, of mixed ages, where a set τ
-versions old counts s(τ) times as much as a fresh one of the same similarity (its
-embedding space has drifted from the current one by τ aggregations); it is not the
-prototypes of any one version. Every client in the latest set gets its Q_i.
+How an upload counts in version t is the method's, by family
+(:class:`~mqttfl.algorithms.base.ServerSide`). A method whose upload is a model has it
+moved onto the current version once (its ``rebase``, from what its ``version`` kept of
+the published versions: FedBuff's θ^(t-1) + s(τ)·Δ, :class:`~mqttfl.algorithms.common.
+weights.ModelVersions`). A method whose upload is a set it aggregates ``keeps_latest``:
+the engine keeps each client's newest upload with the round it was trained in, and
+every close aggregates the newest of every client within ``max_staleness`` (not only
+the buffer's), each with its s(τ) passed to the method's ``aggregate`` as
+``staleness``.
 
 Crash-resume: the version counter is the run state's ``round``; the buffer, the latest
 sets and the version history ride in the checkpoint (``RunState.buffered``), which the
@@ -56,22 +42,19 @@ from typing import Any
 import numpy as np
 
 from mqttfl.algorithms.base import Algorithm, Context, Upload
-from mqttfl.algorithms.common.weights import group_key
 from mqttfl.config import FederationConfig, RunConfig
-from mqttfl.engine.actions import Action, Clock, Close, Keep, Phase
+from mqttfl.engine.actions import Action, Close, Keep, Phase
 from mqttfl.engine.aggregate import aggregate_checked
-from mqttfl.engine.documents import BufferedBlock, MetricsLine, RunSummary
+from mqttfl.engine.documents import BufferedBlock, RunSummary
 from mqttfl.engine.gate import UploadGate
 from mqttfl.engine.rounds import RoundEngine
-from mqttfl.engine.state import RunState
-from mqttfl.errors import DataError, RejectedUpload, WireError
+from mqttfl.errors import DataError, WireError
 from mqttfl.wire import Topics
-from mqttfl.wire.control import read_envelope
 from mqttfl.wire.downlinks import encode_downlinks
 from mqttfl.wire.ids import client_order
 from mqttfl.wire.schemas import ClientInfo
 
-__all__ = ["BufferGate", "BufferedEngine", "Keep", "make_engine", "staleness_weight"]
+__all__ = ["BufferGate", "BufferedEngine", "Keep", "engine_for", "staleness_weight"]
 
 
 def staleness_weight(tau: int, fed: FederationConfig) -> float:
@@ -156,38 +139,22 @@ class BufferGate(UploadGate):
         """``client``'s entry in the buffer (at most one)."""
         return next((e for (_, c), e in self.entries.items() if c == client), None)
 
-    def _check(self, t: int, client: str, raw: bytes, info: ClientInfo | None) -> Upload:
-        self._screen(t, client, len(raw))
-        message = read_envelope(raw, "upload", self.run_id, sender=client, round=t, max_bytes=None)
-        if info is None:
-            raise WireError("unknown_client", f"client {client!r} never announced itself")
-        if client not in self.asked.get(t, frozenset()):
-            raise WireError("not_selected", f"client {client!r} is not selected in round {t}")
-        self.check_budget(client)
-        self.schema_for(info).validate(message.body)
-        return Upload(client, info, message.body)
+    def was_selected(self, t: int, client: str) -> bool:
+        return client in self.asked.get(t, frozenset())
 
-    def check(
-        self, t: int, topic_client: str, raw: bytes, info: ClientInfo | None, wire_bytes: int = -1
-    ) -> Upload:
-        try:
-            upload = self._check(t, topic_client, raw, info)
-        except WireError as exc:
-            self.rejections[exc.reason] += 1
-            raise RejectedUpload(exc.reason, exc.detail) from None
-        size = wire_bytes if wire_bytes >= 0 else len(raw)
-        replaced = self.entry_of(topic_client)
+    def _take(self, t: int, upload: Upload, size: int) -> None:
+        client = upload.client_id
+        replaced = self.entry_of(client)
         if replaced is not None:  # its older upload: never counted, never taken again
-            key = (replaced.round, topic_client)
+            key = (replaced.round, client)
             del self.entries[key]
             self.taken.add(key)
-            self.accepted.pop(topic_client, None)
-            self.accepted_bytes.pop(topic_client, None)
-        self.entries[(t, topic_client)] = Entry(t, upload, size)
+            self.accepted.pop(client, None)
+            self.accepted_bytes.pop(client, None)
+        self.entries[(t, client)] = Entry(t, upload, size)
         if t == self.round:
-            self.accepted[topic_client] = upload
-            self.accepted_bytes[topic_client] = size
-        return upload
+            self.accepted[client] = upload
+            self.accepted_bytes[client] = size
 
 
 def _info_dict(info: ClientInfo) -> dict[str, Any]:
@@ -226,38 +193,39 @@ class BufferedEngine(RoundEngine):
     """The round engine in buffered mode: the same phases and events, with the buffer's
     gate, its own close (staleness-weighted) and a checkpoint after every upload."""
 
-    def __init__(
-        self,
-        config: RunConfig,
-        algorithm: Algorithm,
-        ctx: Context,
-        *,
-        clock: Clock,
-        state: RunState | None = None,
-        records: list[MetricsLine] | None = None,
-    ) -> None:
-        super().__init__(config, algorithm, ctx, clock=clock, state=state, records=records)
-        self.gate = self.buffer = BufferGate(
+    gate: BufferGate
+    # version -> what the method kept of it to rebase later uploads on (its `version`)
+    versions: dict[int, dict[str, np.ndarray]]
+    latest: dict[str, Entry]  # client -> its newest upload (a method that keeps_latest)
+    staleness: Counter[int]  # τ of every aggregated upload
+    client_staleness: dict[str, int]  # τ of each client's newest upload
+    dirty: bool  # the buffer changed since the last checkpoint
+
+    def _make_gate(self, algorithm: Algorithm, ctx: Context) -> BufferGate:
+        return BufferGate(
             algorithm,
             ctx,
-            config.run_id,
+            self.config.run_id,
             self.fed.max_upload_bytes,
             self.state.rejections,
             self.state.uploads,
             round=self.state.round,
             max_staleness=self.fed.max_staleness,
         )
-        # version -> its broadcast weights by architecture group (FedAvg family)
-        self.versions: dict[int, dict[str, np.ndarray]] = {}
-        self.latest: dict[str, Entry] = {}  # client -> its newest prototype upload
-        self.staleness: Counter[int] = Counter()  # τ of every aggregated upload
-        self.client_staleness: dict[str, int] = {}  # τ of each client's newest upload
+
+    @property
+    def buffer(self) -> BufferGate:
+        return self.gate
+
+    def _start_mode(self) -> None:
+        self.versions, self.latest = {}, {}
+        self.staleness, self.client_staleness = Counter(), {}
         self.dirty = False
         try:
             self._restore(self.state.buffered)
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError("checkpoint", f"its buffered state does not load: {exc}") from None
-        self.buffer.ended = self.round > config.rounds
+        self.buffer.ended = self.round > self.config.rounds
 
     # --- the checkpoint --------------------------------------------------------------------
     def _restore(self, saved: dict[str, Any]) -> None:
@@ -331,7 +299,7 @@ class BufferedEngine(RoundEngine):
         low = t - self.fed.max_staleness
         fresh: list[Entry] = []
         for entry in entries:
-            if "prototypes" in entry.upload.body:
+            if self.server.keeps_latest:
                 self.latest[entry.upload.client_id] = entry  # the newest set of each client
             else:
                 fresh.append(entry)
@@ -345,20 +313,9 @@ class BufferedEngine(RoundEngine):
         return deltas, weights
 
     def _delta(self, t: int, entry: Entry, s: float) -> Upload:
-        """θ^(t-1) + s·(θ_k - θ^(u-1)) for a weights upload of round u (module docstring)."""
-        upload = entry.upload
-        if "weights" not in upload.body:
-            return upload
-        key = group_key(upload.info)
+        """The upload as it counts in version t (the method's :meth:`rebase`)."""
         base, now = self.versions.get(entry.round - 1, {}), self.versions.get(t - 1, {})
-        theta = upload.body["weights"]
-        if key not in now or now[key].shape != theta.shape:
-            return upload  # version 1 (nothing published yet): averaged as it is
-        if key in base and base[key].shape == theta.shape:
-            moved = now[key] + np.float32(s) * (theta - base[key])
-        else:  # its base (version 0) was never published: FedAsync's mixing, θ toward θ_k
-            moved = now[key] + np.float32(s) * (theta - now[key])
-        return Upload(upload.client_id, upload.info, {**upload.body, "weights": moved})
+        return self.server.rebase(entry.upload, s, base, now)
 
     def _close(self, now: float) -> Close:
         t, state = self.round, self.state
@@ -370,14 +327,12 @@ class BufferedEngine(RoundEngine):
             state.comm["up_bytes"] += entry.bytes
             state.comm["up_count"] += 1
         uploads, weights = self._weighted(t, entries)
-        self.server.upload_weights = weights
-        try:
-            downlinks = aggregate_checked(self.server, t, uploads, state.rejections, self.log)
-        finally:
-            self.server.upload_weights = {}
-        groups = downlinks.broadcast.get("weights")
-        if isinstance(groups, dict):
-            self.versions[t] = {str(k): np.asarray(v) for k, v in groups.items()}
+        downlinks = aggregate_checked(
+            self.server, t, uploads, state.rejections, self.log, staleness=weights
+        )
+        kept = self.server.version(downlinks)
+        if kept:
+            self.versions[t] = kept
         self.versions = {
             v: g for v, g in self.versions.items() if v >= t - self.fed.max_staleness - 1
         }
@@ -420,15 +375,6 @@ class BufferedEngine(RoundEngine):
         return super().summary().model_copy(update={"buffered": block})
 
 
-def make_engine(
-    config: RunConfig,
-    algorithm: Algorithm,
-    ctx: Context,
-    *,
-    clock: Clock,
-    state: RunState | None = None,
-    records: list[MetricsLine] | None = None,
-) -> RoundEngine:
+def engine_for(config: RunConfig) -> type[RoundEngine]:
     """The engine of ``federation.mode``: synchronous rounds, or buffered."""
-    kind = BufferedEngine if config.federation.mode == "buffered" else RoundEngine
-    return kind(config, algorithm, ctx, clock=clock, state=state, records=records)
+    return BufferedEngine if config.federation.mode == "buffered" else RoundEngine

@@ -106,9 +106,16 @@ class UploadGate:
         except WireError as exc:
             self.rejections[exc.reason] += 1
             raise RejectedUpload(exc.reason, exc.detail) from None
-        self.accepted[topic_client] = upload
-        self.accepted_bytes[topic_client] = wire_bytes if wire_bytes >= 0 else len(raw)
+        self._take(t, upload, wire_bytes if wire_bytes >= 0 else len(raw))
         return upload
+
+    def _take(self, t: int, upload: Upload, size: int) -> None:
+        """Keep an accepted upload of round ``t`` (``size``: its bytes on the wire)."""
+        self.accepted[upload.client_id] = upload
+        self.accepted_bytes[upload.client_id] = size
+
+    def was_selected(self, t: int, client: str) -> bool:
+        return client in self.selected
 
     def _screen(self, t: int, client: str, size: int) -> None:
         if size > self.max_bytes:
@@ -127,7 +134,7 @@ class UploadGate:
         message = read_envelope(raw, "upload", self.run_id, sender=client, round=t, max_bytes=None)
         if info is None:
             raise WireError("unknown_client", f"client {client!r} never announced itself")
-        if client not in self.selected:
+        if not self.was_selected(t, client):
             raise WireError("not_selected", f"client {client!r} is not selected in round {t}")
         self.check_budget(client)
         self.schema_for(info).validate(message.body)

@@ -74,14 +74,7 @@ class RoundEngine(Roster):
         self.clock = clock
         self.server: ServerSide = algorithm.server(ctx)
         self.state = state or RunState()
-        self.gate = UploadGate(
-            algorithm,
-            ctx,
-            config.run_id,
-            self.fed.max_upload_bytes,
-            self.state.rejections,
-            self.state.uploads,
-        )
+        self.gate = self._make_gate(algorithm, ctx)
         self.clients: dict[str, ClientRecord] = {}
         self.sites = SiteNotices()
         self.records: list[MetricsLine] = list(records or [])
@@ -114,6 +107,22 @@ class RoundEngine(Roster):
             self.phase, self.phase_until = Phase.JOINING, now + self.fed.join_timeout_s
         if self.round > config.rounds:
             self.phase, self.phase_until = Phase.FINAL, now + self.fed.final_metrics_timeout_s
+        self._start_mode()
+
+    def _make_gate(self, algorithm: Algorithm, ctx: Context) -> UploadGate:
+        """The upload gate of this mode (a hook: buffered mode's holds a buffer)."""
+        return UploadGate(
+            algorithm,
+            ctx,
+            self.config.run_id,
+            self.fed.max_upload_bytes,
+            self.state.rejections,
+            self.state.uploads,
+        )
+
+    def _start_mode(self) -> None:
+        """What a mode sets up once the engine is (a hook: buffered mode restores its
+        buffer from the checkpoint)."""
 
     # --- events ------------------------------------------------------------------------
     def on_status(self, status: Status) -> None:

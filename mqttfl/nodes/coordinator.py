@@ -27,7 +27,7 @@ from mqttfl.bus.transport import Bus, Incoming
 from mqttfl.config import RunConfig
 from mqttfl.engine.actions import Action, Announce, Close, Finish, Keep
 from mqttfl.engine.budget import MAX_SENDERS, RATES
-from mqttfl.engine.buffered import make_engine
+from mqttfl.engine.buffered import engine_for
 from mqttfl.engine.journal import Journal
 from mqttfl.engine.state import Resume, RunState, RunSummary, check_resume
 from mqttfl.errors import BrokerError, RejectedUpload, RunAborted, WireError
@@ -87,7 +87,7 @@ class Coordinator:
         resume.apply(get_logger(run_id=config.run_id, client_id="coordinator"))
         algorithm = get_algorithm(config.method)
         self.ctx = make_context(config)
-        self.engine = make_engine(
+        self.engine = engine_for(config)(
             config,
             algorithm,
             self.ctx,

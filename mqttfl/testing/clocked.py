@@ -1,5 +1,5 @@
 """A federation on the engine's test clock: the coordinator's own engine (rounds or
-buffered, :func:`mqttfl.engine.buffered.make_engine`), the methods' real client sides
+buffered, :func:`mqttfl.engine.buffered.engine_for`), the methods' real client sides
 training on real shards, every message through the real codec and readers, and no
 broker: time is a fake clock that jumps from event to event.
 
@@ -29,7 +29,7 @@ from mqttfl.algorithms.base import ClientSide
 from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.engine.actions import Announce, Close, Finish
-from mqttfl.engine.buffered import make_engine
+from mqttfl.engine.buffered import engine_for
 from mqttfl.engine.documents import RunSummary
 from mqttfl.engine.journal import LAST_ROUNDS as LAST
 from mqttfl.engine.rounds import RoundEngine
@@ -102,7 +102,7 @@ class ClockedFederation:
         self.began = self.clock.now
         algorithm = get_algorithm(config.method)
         ctx = make_context(config)
-        self.engine: RoundEngine = make_engine(config, algorithm, ctx, clock=self.clock)
+        self.engine: RoundEngine = engine_for(config)(config, algorithm, ctx, clock=self.clock)
         self.seconds = seconds or (lambda client, measured: measured)
         self.buffered = config.federation.mode == "buffered"
         self.devices: dict[str, Device] = {}

@@ -15,6 +15,7 @@ classes whose noisy count passes the threshold), and every upload declares the s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -118,12 +119,15 @@ class BankServer(ServerSide):
     """Broadcasts the global bank of Eq. 2 (unweighted mean over holders)."""
 
     count_weighted = False
+    keeps_latest = True  # buffered mode: each client's newest prototype set
 
-    def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks:
+    def aggregate(
+        self, t: int, uploads: list[Upload], staleness: Mapping[str, float] | None = None
+    ) -> Downlinks:
         protos, mask = stack_uploads(uploads, self.ctx.num_classes, self.ctx.embed_dim)
         counts = stack_counts(uploads, self.ctx.num_classes) if self.count_weighted else None
-        if self.upload_weights:  # buffered mode: stale sets count s(τ) times as much
-            stale = np.array([self.upload_weights.get(u.client_id, 1.0) for u in uploads])
+        if staleness:  # buffered mode: stale sets count s(τ) times as much
+            stale = np.array([staleness.get(u.client_id, 1.0) for u in uploads])
             counts = (mask if counts is None else counts) * stale[:, None]
         bank, available = global_bank(protos, mask, counts)
         return Downlinks(broadcast={"prototypes": bank, "available": available.astype(np.uint8)})

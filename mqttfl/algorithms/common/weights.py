@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from mqttfl.algorithms.base import Context, Upload
+from mqttfl.algorithms.base import Context, Downlinks, ServerSide, Upload
 from mqttfl.errors import ModelError
 from mqttfl.models.sizes import weight_count
 from mqttfl.training.lazy import lazy_import
@@ -80,3 +80,44 @@ def average_by_group(uploads: list[Upload], weights: dict[str, float]) -> dict[s
         )
         for key, members in groups.items()
     }
+
+
+class ModelVersions(ServerSide):
+    """Buffered mode (:mod:`mqttfl.engine.buffered`) for methods that upload a model
+    (``weights``) and broadcast one per group of identical architectures (:func:`group_key`).
+
+    Each version's broadcast weights are kept; an upload of round u trained from version
+    u-1, so its delta is Δ_k = θ_k - θ^(u-1), and the method aggregates θ'_k = θ^(t-1) +
+    s(τ_k)·Δ_k with its own sample weights: θ^(t) = θ^(t-1) + Σ_k n_k s(τ_k) Δ_k / Σ_k n_k
+    (FedBuff Algorithm 1 with η_g = 1 and sample weights; a stale delta shrinks the step
+    instead of being renormalized away). Round 1's uploads have no published base (every
+    client starts from its own seeded initial model): at version 1 they are averaged as
+    they are; one that arrives later moves the model toward it by s(τ), θ^(t-1) +
+    s(τ)(θ_k - θ^(t-1)) (FedAsync's mixing, Xie et al. 2019, Eq. 1, with α·s = s).
+    """
+
+    def version(self, downlinks: Downlinks) -> dict[str, np.ndarray]:
+        groups = downlinks.broadcast.get("weights")
+        if not isinstance(groups, dict):
+            return {}
+        return {str(k): np.asarray(v) for k, v in groups.items()}
+
+    def rebase(
+        self,
+        upload: Upload,
+        s: float,
+        base: dict[str, np.ndarray],
+        now: dict[str, np.ndarray],
+    ) -> Upload:
+        """θ^(t-1) + s·(θ_k - θ^(u-1)) for an upload of round u, trained from ``base``."""
+        if "weights" not in upload.body:
+            return upload
+        key = group_key(upload.info)
+        theta = upload.body["weights"]
+        if key not in now or now[key].shape != theta.shape:
+            return upload  # version 1 (nothing published yet): averaged as it is
+        if key in base and base[key].shape == theta.shape:
+            moved = now[key] + np.float32(s) * (theta - base[key])
+        else:  # its base (version 0) was never published: FedAsync's mixing, θ toward θ_k
+            moved = now[key] + np.float32(s) * (theta - now[key])
+        return Upload(upload.client_id, upload.info, {**upload.body, "weights": moved})

@@ -1,8 +1,19 @@
 """FedAPA's server: Algorithm 1. Eqs. 5-8 over the round's prototype uploads (summed while
-they arrive where it can, :mod:`.fanin`), then the downlinks (:mod:`.downlinks`)."""
+they arrive where it can, :mod:`.fanin`), then the downlinks (:mod:`.downlinks`).
+
+In buffered mode (:mod:`mqttfl.engine.buffered`) each client's newest set counts, with
+its staleness weight s(τ_j): Q_i^c = Σ_j α_ij^c p_j^c with α_ij^c ∝ s(τ_j)·exp(cos(p_i^c,
+p_j^c)/τ) (Eqs. 5-7), and Eq. 8's padding is the s-weighted mean over holders. p_j is the
+newest set client j reported, computed by its model of version u_j - 1, so Q_i is the
+similarity-weighted consensus of the peers' newest sets, of mixed ages, where a set τ
+versions old counts s(τ) times as much as a fresh one of the same similarity (its
+embedding space has drifted from the current one by τ aggregations). Every client in the
+latest set gets its Q_i.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -17,6 +28,8 @@ from mqttfl.logs import get_logger
 
 
 class FedAPAServer(ServerSide):
+    keeps_latest = True  # buffered mode: each client's newest prototype set
+
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self.warmup_rounds = warmup_length(ctx.rounds, ctx.params.warmup_rounds)
@@ -39,31 +52,29 @@ class FedAPAServer(ServerSide):
     def prepare(self, t: int, upload: Upload) -> None:
         """Sum Eqs. 5-7's pairs while round ``t``'s uploads arrive (synchronous rounds)."""
         p: FedAPAParams = self.ctx.params
-        if p.aggregation != "similarity" or self.upload_weights:
+        if p.aggregation != "similarity":
             return
         if self.fan_in is None or self.fan_in.t != t:
             self.fan_in = FanIn(t, self.ctx.num_classes, self.ctx.embed_dim, p.tau)
         self.fan_in.add(upload.client_id, upload.body)
 
-    def aggregate(self, t: int, uploads: list[Upload]) -> Downlinks:
+    def aggregate(
+        self, t: int, uploads: list[Upload], staleness: Mapping[str, float] | None = None
+    ) -> Downlinks:
         p: FedAPAParams = self.ctx.params
         fan_in, self.fan_in, early = self.fan_in, None, None
         clients = [u.client_id for u in uploads]
-        if (
-            fan_in
-            and not self.upload_weights
-            and fan_in.covers(t, clients, [u.body for u in uploads])
-        ):
+        if fan_in and staleness is None and fan_in.covers(t, clients, [u.body for u in uploads]):
             early, protos, mask = fan_in.personalized(clients)
         else:  # another set than arrived (a resumed round, a dropped offender), or weighted
             protos, mask = stack_uploads(uploads, self.ctx.num_classes, self.ctx.embed_dim)
-        stale = [self.upload_weights.get(u.client_id, 1.0) for u in uploads]
+        stale = [(staleness or {}).get(u.client_id, 1.0) for u in uploads]
         q, padded, available = aggregate_prototypes(
             protos,
             mask,
             tau=p.tau,
             similarity=p.aggregation == "similarity",
-            weights=np.asarray(stale) if self.upload_weights else None,
+            weights=np.asarray(stale) if staleness else None,
             personalized=early,
         )
         broadcast: Broadcast = {"available": available.astype(np.uint8)}
