@@ -232,6 +232,7 @@ def run_page(path: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a page is several federations in a row, on a loaded machine
 @pytest.mark.parametrize("path", PAGES, ids=_ids())
 def test_the_guide_runs(path: Path, tmp_path: Path) -> None:
     page = read_page(path)
