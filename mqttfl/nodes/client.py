@@ -39,8 +39,8 @@ from mqttfl.errors import BrokerError, MqttflError, StateError, WireError
 from mqttfl.logs import get_logger
 from mqttfl.nodes import client_privacy
 from mqttfl.nodes.client_inbox import PendingDownlink, Received, read_for_client
-from mqttfl.nodes.client_rounds import decline_reason, instance_verdict
-from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path
+from mqttfl.nodes.client_machine import ClientRounds
+from mqttfl.nodes.client_state import Owner, StateFile, state_path
 from mqttfl.nodes.client_uploads import Uploads
 from mqttfl.nodes.client_watch import RunWatch
 from mqttfl.nodes.device import build_client_side, round_rng
@@ -85,21 +85,17 @@ class ClientRunner:
         self.method = build_client_side(config, algorithm, self.ctx, client_id, shard)
         self.model, self.info = self.method.model, self.method.info
         self.schema = algorithm.upload_schema(self.ctx, self.info)
-        self.progress = Progress()
-        self.pending: dict[int, PendingDownlink] = {}
-        # The newest round known closed (its closed status, or a start of the next one), in
-        # the order the worker acts: a downlink is applied only once its round closed, so
-        # one sent early (forged, for a round still open or not yet announced) never is.
-        self.closed_round = 0
-        self.training_round = self.newest_start = 0  # newest: the newest start selecting us
-        self.refused_round = 0  # trained, but its upload failed the schema: not retrained
-        self.next_instance = ""  # the run's instance, when the state is of another one
-        self.joined = ""  # the run instance we take part in, once the run named it
+        # the round machine: what this client has seen of the run and will do about it
+        self.rounds = ClientRounds(
+            client_id,
+            time.monotonic,
+            buffered=config.federation.mode == "buffered",
+            privacy=self.ctx.privacy,
+        )
+        self.progress = self.rounds.progress  # changed in place: loaded, saved, put back
         self.last_loss = 0.0
-        self.finish_round = 0  # the last round of the finished run (0: not finished)
         self.finished = asyncio.Event()
         self.work: asyncio.Queue[Received] = asyncio.Queue()
-        self._acked: set[tuple[int, int]] = set()
         self._healed = -HEAL_INTERVAL_S
         self.log = get_logger(run_id=config.run_id, client_id=client_id)
         self.state_file = StateFile(
@@ -143,6 +139,7 @@ class ClientRunner:
         self.watch = RunWatch(config.run_id, client_id, orphaned_after, self.bus.connected)
         self.broker = broker
         self.state_seen = False  # the run's state, the first time: a finished run is not ours
+        self.releases = client_privacy.Releases(self.state_file.path, self.log)
 
     # --- reading: decode, validate, acknowledge -----------------------------------------------
     def _read(self, incoming: Incoming) -> Received | None:
@@ -186,24 +183,30 @@ class ClientRunner:
 
     def _acknowledge(self, start: RoundStart) -> None:
         """Tell the coordinator at once that we are alive and will train (before any
-        queued evaluation or training delays us)."""
-        key = (start.round, start.announcement)
-        if self.client_id not in start.selected or key in self._acked:
+        queued evaluation or training delays us), or why we will not."""
+        reason = self.rounds.acknowledge(start)
+        if reason is None:
             return
-        self.newest_start = max(self.newest_start, start.round)
-        self._acked.add(key)
-        refused = 0 if self.next_instance else self.refused_round
-        reason = decline_reason(
-            start, self.client_id, self._now(), refused_round=refused, privacy=self.ctx.privacy
-        )
         if reason == "budget_spent":  # it leaves the run now: its 'offline' says why
-            self._spawn(client_privacy.privacy_allows(self, start.round))
+            self._spawn(self._leave_spent(start.round))
             return
         if reason:  # a start we will not act on: the round need not wait for us
             self.log.info("round.declined", round=start.round, reason=reason)
         ack = Ack(start.round, self.client_id, start.announcement, reason)
         topic = self.topics.ack(start.round, self.client_id)
         self._spawn(self.bus.publish(topic, ack.encode(self.config.run_id), timeout=30))
+
+    async def _leave_spent(self, t: int) -> None:
+        """[privacy]'s budget cannot pay round t's upload: say ``offline`` with the reason
+        (the coordinator never selects us again) and end the run."""
+        privacy = self.ctx.privacy
+        if privacy is None or self.finished.is_set():
+            return
+        offline = client_privacy.budget_exhausted(
+            privacy, self.client_id, self.config.run_id, t, self.progress.uploads, self.log
+        )
+        await self.bus.publish(self.topics.status(self.client_id), offline, retain=True, timeout=5)
+        self.finished.set()
 
     async def _reader(self) -> None:
         while True:
@@ -233,31 +236,22 @@ class ClientRunner:
             if isinstance(message, RoundStart):
                 self._acknowledge(message)
             if isinstance(message, Resend):
-                self._spawn(self.uploads.resend_asked(message, self.closed_round))
+                self._spawn(self.uploads.resend_asked(message, self.rounds.closed_round))
                 continue
             self.work.put_nowait(received)
 
     def _see_instance(self, instance: str) -> None:
         """The run names its instance: a state of another one is set aside before the
         worker acts on anything more (:meth:`_start_afresh`)."""
-        if not instance or instance in (self.joined, self.next_instance):
-            return
-        verdict = instance_verdict(self.progress, instance)
-        if verdict == "start_afresh":
-            self.next_instance = instance
-            return
-        self.progress.instance = self.joined = instance
-        self.log.info("run.joined", instance=instance, resumed=verdict == "same")
-
-    def _now(self) -> Progress:
-        """Our progress as the worker will see it: nothing yet once a new instance is due."""
-        return Progress(instance=self.next_instance) if self.next_instance else self.progress
+        resumed = self.rounds.see_instance(instance)
+        if resumed is not None:
+            self.log.info("run.joined", instance=instance, resumed=resumed)
 
     def _check_not_finished_before(self, status: RunStatus) -> None:
         """The first state we see says the run finished without us: its id was used
         before (a silent exit 0 would look like success)."""
         first, self.state_seen = not self.state_seen, True
-        if first and status.phase == "finished" and self._now().applied_round < status.round:
+        if first and status.phase == "finished" and self.rounds.seen().applied_round < status.round:
             raise StateError(finished_text(self.config.run_id, status, self.broker))
 
     # --- acting --------------------------------------------------------------------------
@@ -279,19 +273,15 @@ class ClientRunner:
     async def _act(self, received: Received) -> None:
         message = received.message
         assert not isinstance(message, Resend)  # handled by the reader
-        if self.next_instance:
+        if self.rounds.next_instance:
             await self._start_afresh()
         if isinstance(message, Downlink):
-            await self._on_downlink(message, received)
+            self.rounds.take_downlink(message, broadcast=received.broadcast, size=received.size)
+            await self._apply_ready()
             return
-        start = message.start if isinstance(message, RunStatus) else message
-        if start is not None:  # round t open: round t-1 closed
-            self.closed_round = max(self.closed_round, start.round - 1)
-        elif isinstance(message, RunStatus) and message.phase == "closed":
-            self.closed_round = max(self.closed_round, message.round)
-        elif isinstance(message, RunStatus) and message.phase == "finished":
-            self.finish_round = message.round
+        if self.rounds.on_progress(message):
             self.log.info("run.finishing", round=message.round)
+        start = message.start if isinstance(message, RunStatus) else message
         await self._apply_ready()  # the last round's downlinks before the next round's training
         if start is not None:
             await self._on_start(start, received.received)
@@ -316,44 +306,41 @@ class ClientRunner:
         """Round t's upload made anew (restarted since: the model on disk is t's); with
         [privacy], the one released, as it was (None: not kept, never released twice)."""
         if self.ctx.privacy is not None:
-            return client_privacy.kept_release(self, t)
+            return self.releases.kept(t, self.progress.instance)
         body = await self._off_loop(self.method.make_upload, t)
         self.schema.validate(body)
         return encode(Message("upload", self.config.run_id, t, self.client_id, body))
 
     async def _start_afresh(self) -> None:
         """Our state is of another instance of this run id: set it aside, train afresh."""
-        instance, self.next_instance = self.next_instance, ""
         held = self.progress.instance or "none recorded"
         await self.state_file.start_afresh(
             self.model,
             self.method,
             self.progress,
             f"it holds round {self.progress.trained_round} of instance {held} of run "
-            f"{self.config.run_id!r}, which was started again as instance {instance}",
+            f"{self.config.run_id!r}, which was started again as instance "
+            f"{self.rounds.next_instance}",
         )
-        self.progress.bytes_up.clear()
-        self.progress.instance = self.joined = instance
+        instance = self.rounds.start_afresh()
         self.log.info("run.joined", instance=instance, resumed=False)
-        self.pending.clear()
-        self.closed_round = self.refused_round = 0
         self.uploads.forget()
 
     async def _train_round(self, start: RoundStart, received: float) -> None:
         t = start.round
-        if t <= self.progress.trained_round or t in (self.training_round, self.refused_round):
+        verdict = self.rounds.train_verdict(start, received)
+        if verdict == "skip":
             return
-        if self.config.federation.mode == "buffered" and t < self.newest_start:
-            return  # buffered: train on the newest version we hold (engine/buffered.py)
         log = self.log.bind(round=t)
-        if time.monotonic() > received + start.timeout_s:
+        if verdict == "deadline_passed":
             log.warning("round.skipped", reason="deadline already passed")
             await self._decline(start, "deadline_passed")
             return
-        if not await client_privacy.privacy_allows(self, t):  # spent: it leaves the run
+        if not self.rounds.charge():  # [privacy]'s budget is spent: it leaves the run
+            await self._leave_spent(t)
             return
         began = time.monotonic()
-        self.training_round = t
+        self.rounds.training_round = t
         before = StateFile.snapshot(self.model, self.method, self.progress)
         try:
             log.info("training.started", selected=len(start.selected))
@@ -362,7 +349,7 @@ class ClientRunner:
             loss = await self._off_loop(self.method.train, t, params, rng)
             body = await self._off_loop(self.method.make_upload, t)
         finally:
-            self.training_round = 0
+            self.rounds.training_round = 0
             release()  # the round's activations and batches, back to the OS
         try:  # refuse to publish anything the method does not permit
             self.schema.validate(body)
@@ -371,7 +358,7 @@ class ClientRunner:
             # dropped, so the next round starts from the model, optimizer and method state
             # it had, not from the diverged ones; the round goes on without this client.
             StateFile.restore(before, self.model, self.method, self.progress)
-            self.refused_round = t
+            self.rounds.refused_round = t
             log.warning(
                 "upload.refused",
                 reason=exc.reason,
@@ -381,10 +368,12 @@ class ClientRunner:
             await self._decline(start, exc.reason[:64] or "refused")
             return
         payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
-        self.progress.trained_round = t
-        self.progress.bytes_up[t] = len(payload)
+        self.rounds.trained(t, len(payload))
         self.last_loss = float(loss)
-        await client_privacy.keep_release(self, t, payload)  # [privacy]: kept, charged, sent
+        if self.ctx.privacy is not None:  # kept, and the state that charged it, before it goes
+            await self.releases.keep(t, self.progress.instance, payload)
+            await self.state_file.save(self.model, self.method, self.progress)
+            await self.state_file.written()
         await self.uploads.send(t, start.announcement, payload)
         await self.state_file.save(self.model, self.method, self.progress)
         rss, peak = resident_mb()
@@ -397,34 +386,13 @@ class ClientRunner:
             peak_rss_mb=peak,
         )
 
-    async def _on_downlink(self, downlink: Downlink, received: Received) -> None:
-        t = downlink.round
-        if t <= self.progress.applied_round:
-            return
-        pending = self.pending.setdefault(t, PendingDownlink())
-        pending.size += received.size
-        if received.broadcast:
-            pending.broadcast = downlink
-        else:
-            pending.personal = downlink
-        await self._apply_ready()
-
     async def _apply_ready(self) -> None:
-        for t in sorted(self.pending):
-            pending = self.pending[t]
-            last = t == self.finish_round
-            if pending.broadcast is None or (t > self.closed_round and not last):
-                continue  # held until its round is known closed
-            personal_for = pending.broadcast.personal_for or ()
-            wants_personal = self.client_id in personal_for
-            newer = any(u > t and p.broadcast is not None for u, p in self.pending.items())
-            if wants_personal and pending.personal is None and not (newer or last):
-                return  # wait for the personalized downlink
-            if wants_personal and pending.personal is None:
-                self.log.warning("downlink.personal_missing", round=t)
-            del self.pending[t]
-            await self._apply(t, pending)
-        self._maybe_finish()
+        while (ready := self.rounds.next_to_apply()) is not None:
+            if ready.personal_missing:
+                self.log.warning("downlink.personal_missing", round=ready.round)
+            await self._apply(ready.round, ready.pending)
+        if self.rounds.done:
+            self.finished.set()
 
     async def _apply(self, t: int, pending: PendingDownlink) -> None:
         assert pending.broadcast is not None
@@ -436,13 +404,13 @@ class ClientRunner:
             self.method.extra_metrics, self.shard.x_test, self.shard.y_test
         )
         release()
-        self.progress.applied_round = t
+        bytes_up = self.rounds.applied(t)
         await self.state_file.save(self.model, self.method, self.progress)
         values = {
             **extra,
             **report,
             "num_test": len(self.shard.y_test),
-            "bytes_up": self.progress.bytes_up.pop(t, 0),
+            "bytes_up": bytes_up,
             "bytes_down": pending.size,
             "selected": t == self.progress.trained_round,
             "train_loss": self.last_loss,
@@ -457,10 +425,6 @@ class ClientRunner:
             peak_rss_mb=peak,
             **{k: round(v, 4) for k, v in report.items()},
         )
-
-    def _maybe_finish(self) -> None:
-        if self.finish_round and self.progress.applied_round >= self.finish_round:
-            self.finished.set()
 
     # --- whole life ----------------------------------------------------------------------
     async def _last_words(self, loop: Coroutine[Any, Any, None]) -> None:

@@ -19,7 +19,7 @@ import asyncio
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
@@ -29,64 +29,29 @@ from mqttfl.privacy.accountant import BUDGET_EXHAUSTED
 from mqttfl.wire.control import Offline
 
 if TYPE_CHECKING:
-    import torch
-
-    from mqttfl.algorithms.base import ClientSide, Context
-    from mqttfl.bus.transport import Bus
-    from mqttfl.config import RunConfig
-    from mqttfl.nodes.client_state import Progress, StateFile
-    from mqttfl.wire import PayloadSchema, Topics
+    from mqttfl.algorithms.base import Context
+    from mqttfl.privacy.accountant import PrivacySettings
+    from mqttfl.wire import PayloadSchema
     from mqttfl.wire.schemas import ClientInfo
-
-
-class ClientRunner(Protocol):
-    """What of :class:`mqttfl.nodes.client.ClientRunner` the budget check uses."""
-
-    ctx: Context
-    config: RunConfig
-    client_id: str
-    progress: Progress
-    bus: Bus
-    topics: Topics
-    finished: asyncio.Event
-    log: Any
-
-    @property
-    def state_file(self) -> StateFile: ...
-    @property
-    def model(self) -> torch.nn.Module: ...
-    @property
-    def method(self) -> ClientSide: ...
 
 
 EXHAUSTED = BUDGET_EXHAUSTED  # the reason the client's ``offline`` status gives
 
 
-async def privacy_allows(runner: ClientRunner, t: int) -> bool:
-    """Charge round ``t``'s upload to the client's budget; False (and the client leaves)
-    when it would exceed it. Always True with ``[privacy]`` off or without a budget."""
-    privacy = runner.ctx.privacy
-    if privacy is None:
-        return True
-    uploads = runner.progress.uploads
-    if not privacy.would_exceed(uploads):
-        runner.progress.uploads = uploads + 1
-        return True
-    if not runner.finished.is_set():
-        runner.log.warning(
-            "privacy.budget_exhausted",
-            round=t,
-            uploads=uploads,
-            epsilon_spent=round(privacy.spent(uploads), 4),
-            epsilon=privacy.epsilon,
-            next_epsilon=round(privacy.spent(uploads + 1), 4),
-        )
-        offline = Offline(runner.client_id, EXHAUSTED).encode(runner.config.run_id)
-        await runner.bus.publish(
-            runner.topics.status(runner.client_id), offline, retain=True, timeout=5
-        )
-        runner.finished.set()
-    return False
+def budget_exhausted(
+    privacy: PrivacySettings, client_id: str, run_id: str, t: int, uploads: int, log: Any
+) -> bytes:
+    """Log ``privacy.budget_exhausted`` for round ``t``; the ``offline`` status that says
+    why the client leaves the run."""
+    log.warning(
+        "privacy.budget_exhausted",
+        round=t,
+        uploads=uploads,
+        epsilon_spent=round(privacy.spent(uploads), 4),
+        epsilon=privacy.epsilon,
+        next_epsilon=round(privacy.spent(uploads + 1), 4),
+    )
+    return Offline(client_id, EXHAUSTED).encode(run_id)
 
 
 def announced(info: ClientInfo, ctx: Context) -> ClientInfo:
@@ -97,38 +62,36 @@ def announced(info: ClientInfo, ctx: Context) -> ClientInfo:
     return replace(info, classes=(), num_samples=0)
 
 
-def release_path(runner: ClientRunner) -> Path:
-    """Where the newest noised upload waits, beside the client's state file."""
-    return runner.state_file.path.with_suffix(".release")
+class Releases:
+    """With [privacy], the newest noised upload as it left the device, kept beside the
+    state file (``client-<id>.release``). A restarted client sends these bytes again
+    rather than noise drawn anew (two draws for one round are two releases), and never
+    retrains a round it released."""
 
+    def __init__(self, state_path: Path, log: Any) -> None:
+        self.path = state_path.with_suffix(".release")
+        self.log = log
 
-async def keep_release(runner: ClientRunner, t: int, payload: bytes) -> None:
-    """With [privacy], before round t's upload leaves the device: keep it on disk, and the
-    state that records it trained and charged. A restarted client then sends these bytes
-    again rather than noise drawn anew (two draws for one round are two releases), and
-    never retrains a round it released (:func:`kept_release`)."""
-    if runner.ctx.privacy is None:
-        return
-    kept = {"round": t, "instance": runner.progress.instance, "payload": payload}
-    await asyncio.to_thread(write_atomic, release_path(runner), msgpack.packb(kept))
-    await runner.state_file.save(runner.model, runner.method, runner.progress)
-    await runner.state_file.written()
+    async def keep(self, t: int, instance: str, payload: bytes) -> None:
+        """Keep round t's upload on disk (the caller then saves the state that records it
+        trained and charged, before it sends)."""
+        kept = {"round": t, "instance": instance, "payload": payload}
+        await asyncio.to_thread(write_atomic, self.path, msgpack.packb(kept))
 
-
-def kept_release(runner: ClientRunner, t: int) -> bytes | None:
-    """Round t's released upload as it left the device, or None (with one line) when it is
-    not on disk: a new one would release round t twice."""
-    try:
-        kept = msgpack.unpackb(read_bytes(release_path(runner)))
-        same = kept["round"] == t and kept["instance"] == runner.progress.instance
-        payload = kept["payload"] if same and isinstance(kept["payload"], bytes) else None
-    except Exception:  # missing, cut short, not ours: nothing to send again
-        payload = None
-    if payload is None:
-        runner.log.warning(
-            "upload.not_resent", round=t, reason="its noised upload is not kept on this device"
-        )
-    return payload
+    def kept(self, t: int, instance: str) -> bytes | None:
+        """Round t's released upload as it left the device, or None (with one line) when
+        it is not on disk: a new one would release round t twice."""
+        try:
+            kept = msgpack.unpackb(read_bytes(self.path))
+            same = kept["round"] == t and kept["instance"] == instance
+            payload = kept["payload"] if same and isinstance(kept["payload"], bytes) else None
+        except Exception:  # missing, cut short, not ours: nothing to send again
+            payload = None
+        if payload is None:
+            self.log.warning(
+                "upload.not_resent", round=t, reason="its noised upload is not kept on this device"
+            )
+        return payload
 
 
 def warn_if_noise_drowns(ctx: Context, uploads: PayloadSchema, labels: Any, log: Any) -> None:
