@@ -19,15 +19,12 @@ from pydantic import BaseModel, ConfigDict
 from mqttfl.errors import WireError
 from mqttfl.privacy.accountant import PrivacySettings
 from mqttfl.privacy.mechanism import noise_rng
-from mqttfl.training.lazy import lazy_import
+from mqttfl.training.lazy import torch
 from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
 from mqttfl.wire.schemas import ClientInfo, FloatField, PayloadSchema
 
 if TYPE_CHECKING:
-    import torch
     from torch import Tensor
-else:
-    torch = lazy_import("torch")
 
 if TYPE_CHECKING:
     from mqttfl.config import TrainConfig

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
@@ -58,16 +58,9 @@ from mqttfl.algorithms.fedavg import FedAvgClient
 from mqttfl.errors import ConfigError
 from mqttfl.models.sizes import alp_widths
 from mqttfl.privacy.mechanism import private_update
-from mqttfl.training.lazy import lazy_import
+from mqttfl.training.lazy import F, torch
 from mqttfl.training.loops import train_epochs
 from mqttfl.wire.schemas import ArrayField, ClientInfo, IntField, PayloadSchema
-
-if TYPE_CHECKING:
-    import torch
-    import torch.nn.functional as F
-else:
-    torch = lazy_import("torch")
-    F = lazy_import("torch.nn.functional")
 
 
 class FedAliParams(BaseModel):

@@ -21,17 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mqttfl.algorithms.base import Algorithm
 from mqttfl.algorithms.fedavg import FedAvgClient, FedAvgServer
-from mqttfl.training.lazy import lazy_import, no_grad
+from mqttfl.training.lazy import F, nn, no_grad, torch
 from mqttfl.training.loops import batches
 
 if TYPE_CHECKING:
-    import torch
-    import torch.nn.functional as F
-    from torch import Tensor, nn
-else:
-    torch = lazy_import("torch")
-    F = lazy_import("torch.nn.functional")
-    nn = lazy_import("torch.nn")
+    from torch import Tensor
 
 
 class FedPAMParams(BaseModel):

@@ -22,13 +22,10 @@ from mqttfl.algorithms.common.prototypes import (
     PrototypeClient,
     prototype_mse,
 )
-from mqttfl.training.lazy import lazy_import
+from mqttfl.training.lazy import F
 
 if TYPE_CHECKING:
-    import torch.nn.functional as F
     from torch import Tensor
-else:
-    F = lazy_import("torch.nn.functional")
 
 
 class FedProtoParams(BaseModel):

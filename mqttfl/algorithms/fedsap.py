@@ -53,17 +53,12 @@ from mqttfl.algorithms.common.prototypes import (
     prototype_distance,
 )
 from mqttfl.logs import get_logger
-from mqttfl.training.lazy import lazy_import
+from mqttfl.training.lazy import F, torch
 from mqttfl.training.loops import batches, embed_all, train_epochs
 from mqttfl.wire.ids import client_number
 
 if TYPE_CHECKING:
-    import torch
-    import torch.nn.functional as F
     from torch import Tensor
-else:
-    torch = lazy_import("torch")
-    F = lazy_import("torch.nn.functional")
 
 Schedule = Literal["linear", "cosine", "sigmoid", "step", "constant"]
 _SIGMOID_STEEPNESS = 10.0

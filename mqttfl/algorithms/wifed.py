@@ -17,17 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mqttfl.algorithms.base import Algorithm
 from mqttfl.algorithms.fedavg import FedAvgClient, FedAvgServer
-from mqttfl.training.lazy import lazy_import
+from mqttfl.training.lazy import F
 from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
 from mqttfl.wire.ids import client_number
 
 if TYPE_CHECKING:
     import torch
-    import torch.nn.functional as F
 
     from mqttfl.models import EmbeddingModel
-else:
-    F = lazy_import("torch.nn.functional")
 
 
 class WiFedParams(BaseModel):

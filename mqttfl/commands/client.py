@@ -11,8 +11,7 @@ from mqttfl.commands.common import (
     broker_address,
     checked_id,
     credentials,
-    setup_logging,
-    watch_parent,
+    start_process,
 )
 from mqttfl.commands.run_settings import add_run_args, local_config, run_config
 
@@ -51,8 +50,7 @@ def cmd_client(args: argparse.Namespace) -> int:
     broker = broker_address(args)
     from mqttfl.nodes.client_process import run_client_device
 
-    setup_logging(local, f"client-{args.id}", None)
-    watch_parent()
+    start_process(local, f"client-{args.id}")
     identity = credentials(local, args.id)
     shard = None
     if args.config is not None:  # the device's own config: its shard (and its fit) first

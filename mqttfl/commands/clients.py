@@ -11,8 +11,7 @@ from mqttfl.commands.common import (
     broker_address,
     credentials,
     log_file,
-    setup_logging,
-    watch_parent,
+    start_process,
 )
 from mqttfl.commands.run_settings import add_run_args, local_config, run_config
 from mqttfl.config import RunConfig
@@ -43,7 +42,7 @@ def cmd_clients(args: argparse.Namespace) -> int:
     ids = parse_ids(args.ids)
     identities = runner_credentials(credentials(local), ids, args.credentials_dir)
     name = f"clients-{ids[0]}" if len(ids) == 1 else f"clients-{ids[0]}-{ids[-1]}"
-    setup_logging(local, name, None)
+    start_process(local, name, watched=False)  # its forked children watch
     config = run_config(
         args, local, broker, identities[ids[0]], state_dir=args.state_dir, client_id=ids[0]
     )
@@ -61,5 +60,4 @@ def cmd_clients(args: argparse.Namespace) -> int:
 
 
 def _prepare_child(config: RunConfig, client_id: str) -> None:
-    setup_logging(config, f"client-{client_id}", None)
-    watch_parent()
+    start_process(config, f"client-{client_id}")

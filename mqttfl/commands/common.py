@@ -65,6 +65,18 @@ def setup_logging(config: RunConfig, name: str, out: Path | None) -> None:
     )
 
 
+def start_process(
+    config: RunConfig, name: str, out: Path | None = None, *, watched: bool = True
+) -> None:
+    """What each process of a run does once it has its config: its log file ``name``
+    (:func:`setup_logging`) and, when `mqttfl run` started it, an exit once the launcher
+    is gone (:func:`watch_parent`; ``watched=False`` for a parent that forks, which holds
+    no thread while it does)."""
+    setup_logging(config, name, out)
+    if watched:
+        watch_parent()
+
+
 def watch_parent() -> None:
     """Exit if the `mqttfl run` that started us is gone, so nothing is orphaned."""
     parent = os.environ.get("MQTTFL_PARENT_PID")

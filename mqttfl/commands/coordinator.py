@@ -15,7 +15,7 @@ from mqttfl.commands.common import (
     check_shapes,
     credentials,
     setup_logging,
-    watch_parent,
+    start_process,
 )
 from mqttfl.config import RunConfig, load_config
 from mqttfl.errors import StateError, UsageError
@@ -68,8 +68,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
     # before our log lands in it
     earlier = args.clear_run and any(p.name != LOCK_FILE for p in args.out.iterdir())
-    setup_logging(config, "coordinator", args.out)
-    watch_parent()
+    start_process(config, "coordinator", args.out)
     identity = credentials(config, "coordinator")
     # Everything --out holds is read (and found usable) before the broker is touched, and
     # nothing in --out changes until the run is ours. With --clear-run none of it is read:

@@ -12,8 +12,7 @@ from mqttfl.commands.common import (
     broker_address,
     credentials,
     positive,
-    setup_logging,
-    watch_parent,
+    start_process,
 )
 from mqttfl.commands.run_settings import add_run_args, local_config, run_config
 
@@ -38,8 +37,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
     ids = parse_ids(args.ids)
     identities = runner_credentials(credentials(local), ids, args.credentials_dir)
-    setup_logging(local, log_name(ids), None)
-    watch_parent()
+    start_process(local, log_name(ids))
     config = run_config(
         args, local, broker, identities[ids[0]], state_dir=args.state_dir, client_id=ids[0]
     )

@@ -28,18 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mqttfl.training.lazy import lazy_import
+from mqttfl.training.lazy import F, torch
 from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
 from mqttfl.training.metrics import classification_report
 
 if TYPE_CHECKING:
-    import torch
-    import torch.nn.functional as F
-
     from mqttfl.models import EmbeddingModel
-else:
-    torch = lazy_import("torch")
-    F = lazy_import("torch.nn.functional")
 
 if TYPE_CHECKING:
     from mqttfl.config import RunConfig, TrainConfig

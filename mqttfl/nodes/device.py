@@ -12,18 +12,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mqttfl.training.lazy import lazy_import
+from mqttfl.training.lazy import torch
 from mqttfl.wire.ids import client_number
 from mqttfl.wire.schemas import ClientInfo
 
 if TYPE_CHECKING:
-    import torch
-
     from mqttfl.algorithms.base import Algorithm, ClientSide, Context
     from mqttfl.config import RunConfig
     from mqttfl.data.shard import Shard
-else:
-    torch = lazy_import("torch")
 
 
 def build_client_side(

@@ -12,7 +12,9 @@ import functools
 import importlib
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+__all__ = ["F", "lazy_import", "nn", "no_grad", "torch"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -48,3 +50,15 @@ def no_grad(fn: Callable[P, R]) -> Callable[P, R]:
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+# The one place torch is imported for the package's modules: ``from mqttfl.training.lazy
+# import F, nn, torch`` (type checkers see the modules themselves).
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+else:
+    torch = lazy_import("torch")
+    nn = lazy_import("torch.nn")
+    F = lazy_import("torch.nn.functional")

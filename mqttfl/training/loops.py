@@ -7,15 +7,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mqttfl.training.lazy import lazy_import, no_grad
+from mqttfl.training.lazy import nn, no_grad, torch
 from mqttfl.training.memory import eval_batch_size
 
 if TYPE_CHECKING:
-    import torch
-    from torch import Tensor, nn
-else:
-    torch = lazy_import("torch")
-    nn = lazy_import("torch.nn")
+    from torch import Tensor
 
 if TYPE_CHECKING:
     from mqttfl.config import TrainConfig

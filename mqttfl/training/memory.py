@@ -20,13 +20,10 @@ import functools
 import gc
 from typing import TYPE_CHECKING
 
-from mqttfl.training.lazy import lazy_import, no_grad
+from mqttfl.training.lazy import no_grad, torch
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
-else:
-    torch = lazy_import("torch")
 
 #: activation bytes one evaluation batch may hold (its largest layer output, twice:
 #: a layer's input and output are alive together)

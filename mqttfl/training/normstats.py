@@ -21,16 +21,10 @@ import numpy as np
 
 from mqttfl.adaptation.moments import MomentSums
 from mqttfl.errors import MqttflError
-from mqttfl.training.lazy import lazy_import, no_grad
+from mqttfl.training.lazy import nn, no_grad, torch
 
 if TYPE_CHECKING:
-    import torch
-    from torch import nn
-
     from mqttfl.models import EmbeddingModel
-else:
-    torch = lazy_import("torch")
-    nn = lazy_import("torch.nn")
 
 Statistics = list[tuple[np.ndarray, np.ndarray]]
 

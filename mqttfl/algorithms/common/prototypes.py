@@ -34,18 +34,13 @@ from mqttfl.algorithms.common.prototype_uploads import (
     stack_uploads,
 )
 from mqttfl.errors import WireError
-from mqttfl.training.lazy import lazy_import, no_grad
+from mqttfl.training.lazy import F, no_grad, torch
 from mqttfl.training.loops import embed_all
 from mqttfl.training.metrics import classification_report
 from mqttfl.wire.schemas import ClientInfo, PayloadSchema
 
 if TYPE_CHECKING:
-    import torch
-    import torch.nn.functional as F
     from torch import Tensor
-else:
-    torch = lazy_import("torch")
-    F = lazy_import("torch.nn.functional")
 
 Inference = Literal["head", "prototype"]
 #: "squared": ‖r(h) - p̄_y‖² as FedSAP's Eq. 5 writes it; "mse": the same divided by d,

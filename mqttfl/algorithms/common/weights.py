@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
 
 from mqttfl.algorithms.base import Context, Downlinks, ServerSide, Upload
 from mqttfl.errors import ModelError
 from mqttfl.models.sizes import weight_count
-from mqttfl.training.lazy import lazy_import
+from mqttfl.training.lazy import nn, torch
 from mqttfl.wire.schemas import ClientInfo
-
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
-else:
-    torch = lazy_import("torch")
-    nn = lazy_import("torch.nn")
 
 
 def float_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:

@@ -13,17 +13,12 @@ from mqttfl.algorithms.fedapa.downlinks import check_downlink
 from mqttfl.algorithms.fedapa.equations import prototype_contrast
 from mqttfl.algorithms.fedapa.peer_sampling import dequantize_sets, rebuild_own_set
 from mqttfl.logs import get_logger
-from mqttfl.training.lazy import lazy_import
+from mqttfl.training.lazy import F, torch
 from mqttfl.training.loops import embed_all
 from mqttfl.wire.schemas import ClientInfo, PayloadSchema
 
 if TYPE_CHECKING:
-    import torch
-    import torch.nn.functional as F
     from torch import Tensor
-else:
-    torch = lazy_import("torch")
-    F = lazy_import("torch.nn.functional")
 
 
 class FedAPAClient(ClientSide):

@@ -9,15 +9,10 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from mqttfl.training.lazy import lazy_import
+from mqttfl.training.lazy import F, torch
 
 if TYPE_CHECKING:
-    import torch
-    import torch.nn.functional as F
     from torch import Tensor
-else:
-    torch = lazy_import("torch")
-    F = lazy_import("torch.nn.functional")
 
 #: the paper's default T_warm (stated under Eq. 11)
 PAPER_WARMUP_ROUNDS = 50

@@ -50,7 +50,7 @@ from mqttfl.algorithms.fedapa.client import FedAPAClient
 from mqttfl.algorithms.fedapa.params import FedAPAParams
 from mqttfl.algorithms.fedapa.server import FedAPAServer
 from mqttfl.data.shard import Shard
-from mqttfl.training.lazy import lazy_import
+from mqttfl.training.lazy import torch
 from mqttfl.training.loops import embed_all, predict_logits
 from mqttfl.training.memory import eval_batch_size
 from mqttfl.training.normstats import (
@@ -61,15 +61,7 @@ from mqttfl.training.normstats import (
 )
 
 if TYPE_CHECKING:
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
     from mqttfl.models import EmbeddingModel
-else:
-    torch = lazy_import("torch")
-    F = lazy_import("torch.nn.functional")
-    nn = lazy_import("torch.nn")
 
 
 class FedAPASessionParams(FedAPAParams):
