@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from mqttfl.algorithms.base import Algorithm, Context, Upload
+from mqttfl.algorithms.base import Upload
 from mqttfl.config import FederationConfig, RunConfig
 from mqttfl.engine.actions import Action, Close, Keep, Phase
 from mqttfl.engine.aggregate import aggregate_checked
@@ -201,23 +201,15 @@ class BufferedEngine(RoundEngine):
     client_staleness: dict[str, int]  # τ of each client's newest upload
     dirty: bool  # the buffer changed since the last checkpoint
 
-    def _make_gate(self, algorithm: Algorithm, ctx: Context) -> BufferGate:
-        return BufferGate(
-            algorithm,
-            ctx,
-            self.config.run_id,
-            self.fed.max_upload_bytes,
-            self.state.rejections,
-            self.state.uploads,
-            round=self.state.round,
-            max_staleness=self.fed.max_staleness,
-        )
+    def _gate_type(self) -> type[UploadGate]:
+        return BufferGate
 
     @property
     def buffer(self) -> BufferGate:
         return self.gate
 
     def _start_mode(self) -> None:
+        self.gate.round, self.gate.max_staleness = self.state.round, self.fed.max_staleness
         self.versions, self.latest = {}, {}
         self.staleness, self.client_staleness = Counter(), {}
         self.dirty = False

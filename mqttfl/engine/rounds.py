@@ -110,8 +110,8 @@ class RoundEngine(Roster):
         self._start_mode()
 
     def _make_gate(self, algorithm: Algorithm, ctx: Context) -> UploadGate:
-        """The upload gate of this mode (a hook: buffered mode's holds a buffer)."""
-        return UploadGate(
+        """The upload gate of this mode (buffered mode's holds a buffer)."""
+        return self._gate_type()(
             algorithm,
             ctx,
             self.config.run_id,
@@ -119,6 +119,9 @@ class RoundEngine(Roster):
             self.state.rejections,
             self.state.uploads,
         )
+
+    def _gate_type(self) -> type[UploadGate]:
+        return UploadGate
 
     def _start_mode(self) -> None:
         """What a mode sets up once the engine is (a hook: buffered mode restores its
