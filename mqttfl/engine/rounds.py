@@ -74,7 +74,14 @@ class RoundEngine(Roster):
         self.clock = clock
         self.server: ServerSide = algorithm.server(ctx)
         self.state = state or RunState()
-        self.gate = self._make_gate(algorithm, ctx)
+        self.gate = self._gate_type()(
+            algorithm,
+            ctx,
+            config.run_id,
+            self.fed.max_upload_bytes,
+            self.state.rejections,
+            self.state.uploads,
+        )
         self.clients: dict[str, ClientRecord] = {}
         self.sites = SiteNotices()
         self.records: list[MetricsLine] = list(records or [])
@@ -109,18 +116,8 @@ class RoundEngine(Roster):
             self.phase, self.phase_until = Phase.FINAL, now + self.fed.final_metrics_timeout_s
         self._start_mode()
 
-    def _make_gate(self, algorithm: Algorithm, ctx: Context) -> UploadGate:
-        """The upload gate of this mode (buffered mode's holds a buffer)."""
-        return self._gate_type()(
-            algorithm,
-            ctx,
-            self.config.run_id,
-            self.fed.max_upload_bytes,
-            self.state.rejections,
-            self.state.uploads,
-        )
-
     def _gate_type(self) -> type[UploadGate]:
+        """The upload gate of this mode (buffered mode's holds a buffer)."""
         return UploadGate
 
     def _start_mode(self) -> None:
