@@ -27,7 +27,7 @@ class FedAPAParams(BaseModel):
     # How the sets are drawn above k+1 uploads: one per stratum of similar sets, for
     # `strata` strata, sent as int8 with per-class scales (low variance, see
     # mqttfl.algorithms.fedapa.peer_sampling; 40 keep a client's downlink under 300 KB at C=21,
-    # d=256); or k+1 uniformly, as float32 (the earlier design, kept for comparison).
+    # d=256); or k+1 uniformly, as float32 (kept for comparison).
     sampling: Literal["strata", "uniform"] = "strata"
     strata: int = Field(40, ge=1)
 
