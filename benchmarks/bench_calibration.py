@@ -72,12 +72,12 @@ def real_espectre() -> dict[str, Any]:
         return {"absent": f"no ESPectre recordings at {root}"}
     out: dict[str, Any] = {}
     for chip, recordings in espectre_recordings(root).items():
-        quiet = [r for r in recordings if r["kind"] == "baseline"]
+        quiet = [r for r in recordings if r.kind == "baseline"]
         if len(quiet) < 2:
             continue
         sessions = []
         for rec in quiet:
-            rows, _ = capture_features(load_capture(rec["path"], "npz"))
+            rows, _ = capture_features(load_capture(rec.path, "npz"))
             starts = window_starts(len(rows), WINDOW, None)
             sessions.append(_profiles(gather_windows(rows, starts, WINDOW)))
         out[chip] = session_ratio(sessions)

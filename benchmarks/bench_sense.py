@@ -235,7 +235,7 @@ def processes(quick: bool) -> list[dict[str, Any]]:
             inputs = {"shard": f"shard:{export / 'shard'}"}
             if name.startswith("espectre"):
                 chip = ESPECTRE_CHIPS[int(client)]
-                inputs["capture"] = str(espectre_recordings(root)[chip][0]["path"])
+                inputs["capture"] = str(espectre_recordings(root)[chip][0].path)
             for kind, source in inputs.items():
                 rss, _, out = _peak_rss_mb([*sense, "--input", source, "--fast"])
                 startups = [
@@ -292,9 +292,7 @@ def adapt_processes(quick: bool) -> list[dict[str, Any]]:
             sense = [sys.executable, "-m", "mqttfl", "sense", str(export), "--broker", broker.url]
             source = f"shard:{export / 'shard'}"
             if name.startswith("espectre"):
-                files = [
-                    Path(r["path"]) for r in espectre_recordings(root)[ESPECTRE_CHIPS[int(client)]]
-                ]
+                files = [r.path for r in espectre_recordings(root)[ESPECTRE_CHIPS[int(client)]]]
                 source = str(max(files, key=lambda f: f.stat().st_size))  # the longest
             rss, _, out = _peak_rss_mb([*sense, "--input", source, "--fast", "--json", *extra])
             states = [json.loads(line) for line in out.splitlines() if line.startswith("{")]

@@ -29,10 +29,10 @@ def test_espectre_recordings_replayed_give_the_shards_test_windows(client: int) 
     assert pre.sample_rate_hz is not None
     assert 90 < pre.sample_rate_hz < 140
     expected = []
-    labelled = [r for r in espectre_recordings(root)[ESPECTRE_CHIPS[client]] if r["kind"] != "test"]
+    labelled = [r for r in espectre_recordings(root)[ESPECTRE_CHIPS[client]] if r.kind != "test"]
     # the shard orders its recordings (its sessions) by their time stamps
-    for rec in sorted(labelled, key=lambda r: r["path"].name.split("_", 1)[-1]):
-        rows = capture_rows(load_capture(rec["path"], "npz"), pre)
+    for rec in sorted(labelled, key=lambda r: r.path.name.split("_", 1)[-1]):
+        rows = capture_rows(load_capture(rec.path, "npz"), pre)
         windower = Windower(pre)
         windows = [w.x for row in rows if (w := windower.push(row, 0.0)) is not None]
         _, test_starts = split_windows_by_time(len(rows), window, stride, 0.2)

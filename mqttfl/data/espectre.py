@@ -24,6 +24,7 @@ windows only.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,18 @@ import numpy as np
 from mqttfl.data.capture import load_capture
 from mqttfl.data.preprocess import (
     Normalizer,
+    SubcarrierSelection,
     capture_features,
     gather_windows,
-    split_windows_by_time,
     window_starts,
 )
-from mqttfl.data.sessions import SPLITS, held_out_sessions
+from mqttfl.data.recordings import (
+    Recording,
+    Split,
+    SplitRecordings,
+    check_split,
+    split_recordings,
+)
 from mqttfl.data.shard import Shard, read_json_file
 from mqttfl.errors import ConfigError, DataError
 
@@ -47,6 +54,16 @@ _LABELS = {"baseline": 0, "movement": 1}
 HELDOUT_CHIP = "c3"
 # dataset_info.json: "Motion starts at packet index 3040 (~30.0 s)."
 DEFAULT_MOTION_START = 3040
+
+
+@dataclass(frozen=True)
+class EspectreFile:
+    """One recording listed in ``dataset_info.json``."""
+
+    path: Path
+    kind: str  # baseline, movement or test
+    packets: int | None
+    motion_start: int | None = None  # test recordings: the packet the movement starts at
 
 
 def _read_info(root: Path) -> dict[str, Any]:
@@ -62,13 +79,12 @@ def _read_info(root: Path) -> dict[str, Any]:
     return info
 
 
-def espectre_recordings(root: Path) -> dict[str, list[dict[str, Any]]]:
-    """Recordings per chip: dicts with ``path``, ``kind`` (baseline/movement/test), ``packets``
-    and, for test recordings, ``motion_start``."""
+def espectre_recordings(root: Path) -> dict[str, list[EspectreFile]]:
+    """The files listed for each chip, sorted by kind and name."""
     root = Path(root)
     info = _read_info(root)
     info_path = root / "dataset_info.json"
-    out: dict[str, list[dict[str, Any]]] = {chip: [] for chip in ESPECTRE_CHIPS}
+    out: dict[str, list[EspectreFile]] = {chip: [] for chip in ESPECTRE_CHIPS}
     for kind, entries in info["files"].items():
         if kind not in ("baseline", "movement", "test") or not isinstance(entries, list):
             continue
@@ -79,17 +95,14 @@ def espectre_recordings(root: Path) -> dict[str, list[dict[str, Any]]]:
                 raise DataError(info_path, f"a '{kind}' entry lacks filename or chip") from None
             if chip not in out:
                 continue
-            rec: dict[str, Any] = {
-                "path": root / kind / name,
-                "kind": kind,
-                "packets": entry.get("num_packets"),
-            }
+            motion_start = None
             if kind == "test":
                 m = re.search(r"starts at packet index (\d+)", str(entry.get("description", "")))
-                rec["motion_start"] = int(m.group(1)) if m else DEFAULT_MOTION_START
-            out[chip].append(rec)
+                motion_start = int(m.group(1)) if m else DEFAULT_MOTION_START
+            packets = entry.get("num_packets")
+            out[chip].append(EspectreFile(root / kind / name, kind, packets, motion_start))
     for chip in out:
-        out[chip].sort(key=lambda r: (r["kind"], r["path"].name))
+        out[chip].sort(key=lambda r: (r.kind, r.path.name))
     return out
 
 
@@ -102,7 +115,7 @@ def espectre_shard(
     test_fraction: float = 0.2,
     normalize: bool = True,
     drop_pilots: bool = True,
-    split: str = "window",
+    split: Split = "window",
 ) -> Shard:
     """Shard of ESPectre client ``client_id`` (chip ``ESPECTRE_CHIPS[client_id]``).
 
@@ -112,8 +125,7 @@ def espectre_shard(
     (:func:`~mqttfl.data.sessions.held_out_sessions`: of a chip's two recordings per
     label, the later one); C3 keeps its ``test/`` recording as its test session.
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    split = check_split(split)
     if not 0 <= int(client_id) < len(ESPECTRE_CHIPS):
         raise ConfigError(
             "client id", f"ESPectre has {len(ESPECTRE_CHIPS)} clients (0-4), got {client_id}"
@@ -122,115 +134,29 @@ def espectre_shard(
         raise ValueError("window and stride must be positive")
     root = Path(root)
     chip = ESPECTRE_CHIPS[int(client_id)]
-    recordings = espectre_recordings(root)[chip]
-    labelled = [r for r in recordings if r["kind"] in _LABELS]
-    heldout = [r for r in recordings if r["kind"] == "test"] if chip == HELDOUT_CHIP else []
-    if not {r["kind"] for r in labelled} >= set(_LABELS):
+    reader = _ChipReader(chip, window, stride, drop_pilots)
+    listed = espectre_recordings(root)[chip]
+    labelled = [r for r in listed if r.kind in _LABELS]
+    heldout = [r for r in listed if r.kind == "test"] if chip == HELDOUT_CHIP else []
+    if not {r.kind for r in labelled} >= set(_LABELS):
         raise DataError(
             root / "dataset_info.json", f"chip {chip} lacks baseline or movement recordings"
         )
-
-    x_tr: list[np.ndarray] = []
-    y_tr: list[np.ndarray] = []
-    x_te: list[np.ndarray] = []
-    y_te: list[np.ndarray] = []
-    s_tr: list[np.ndarray] = []
-    s_te: list[np.ndarray] = []
     # sessions: one per recording, in the order of their time stamps (file names)
-    labelled.sort(key=lambda r: r["path"].name.split("_", 1)[-1])
-    held: list[int] = []
-    if split == "session" and not heldout:
-        held = held_out_sessions(
-            np.arange(len(labelled)),
-            np.array([_LABELS[r["kind"]] for r in labelled]),
-            test_fraction,
-        )
-    files: list[dict[str, Any]] = []
-    selection = None
-
-    def rows_of(rec: dict[str, Any]) -> np.ndarray:
-        nonlocal selection
-        path = rec["path"]
-        if not path.is_file():
-            raise DataError(path, "file listed in dataset_info.json not found")
-        cap = load_capture(path, "npz")
-        if cap.info.get("chip") not in (None, chip):
-            raise DataError(
-                path, f"holds chip {cap.info.get('chip')!r}, dataset_info.json says {chip!r}"
-            )
-        rows, sel = capture_features(cap, drop_pilots=drop_pilots)
-        if selection is None:
-            selection = sel
-        elif sel.positions != selection.positions:
-            raise DataError(path, "subcarrier layout differs from the chip's other recordings")
-        if len(rows) < window:
-            raise DataError(
-                path, f"too few packets: {len(rows)} packets, fewer than one window of {window}"
-            )
-        return rows
-
-    split_fraction = 0.0 if heldout or split == "session" else test_fraction
-    for session, rec in enumerate(labelled):
-        rows = rows_of(rec)
-        label = _LABELS[rec["kind"]]
-        train, test = split_windows_by_time(len(rows), window, stride, split_fraction)
-        if session in held:
-            train, test = test, train  # the whole recording is a test session
-        x_tr.append(gather_windows(rows, train, window))
-        x_te.append(gather_windows(rows, test, window))
-        y_tr.append(np.full(len(train), label, dtype=np.int64))
-        y_te.append(np.full(len(test), label, dtype=np.int64))
-        s_tr.append(np.full(len(train), session, dtype=np.int64))
-        s_te.append(np.full(len(test), session, dtype=np.int64))
-        files.append(
-            {
-                "path": str(rec["path"]),
-                "label": CLASSES[label],
-                "packets": len(rows),
-                "train": len(train),
-                "test": len(test),
-            }
-        )
-    for rec in heldout:
-        rows = rows_of(rec)
-        start = int(rec["motion_start"])
-        if not 0 < start < len(rows):
-            raise DataError(rec["path"], f"motion start {start} is outside the {len(rows)} packets")
-        per_label: list[int] = []
-        for label, (lo, hi) in enumerate(((0, start), (start, len(rows)))):
-            starts = window_starts(hi - lo, window, stride) + lo
-            x_te.append(gather_windows(rows, starts, window))
-            y_te.append(np.full(len(starts), label, dtype=np.int64))
-            s_te.append(np.full(len(starts), len(labelled), dtype=np.int64))
-            per_label.append(len(starts))
-        files.append(
-            {
-                "path": str(rec["path"]),
-                "label": "quiet then movement",
-                "packets": len(rows),
-                "motion_start": start,
-                "train": 0,
-                "test": sum(per_label),
-                "test_per_label": {"quiet": per_label[0], "movement": per_label[1]},
-            }
-        )
-
-    x_train, y_train = np.concatenate(x_tr), np.concatenate(y_tr)
-    x_test, y_test = np.concatenate(x_te), np.concatenate(y_te)
-    sessions = [r["path"].stem for r in labelled] + [r["path"].stem for r in heldout]
-    if len(x_train) == 0 or (test_fraction > 0 and len(x_test) == 0):
+    labelled.sort(key=lambda r: r.path.name.split("_", 1)[-1])
+    recordings = [reader.labelled(r) for r in labelled]
+    recordings += [part for r in heldout for part in reader.heldout(r)]
+    parts = split_recordings(recordings, split, test_fraction)
+    if len(parts.x_train) == 0 or (test_fraction > 0 and len(parts.x_test) == 0):
         raise DataError(
             root, f"chip {chip}: too few windows of {window} packets for a train/test split"
         )
+    x_train, x_test = parts.x_train, parts.x_test
     norm = None
     if normalize:
         norm = Normalizer.fit(x_train)
         x_train, x_test = norm.apply(x_train), norm.apply(x_test)
-    assert selection is not None
-
-    def label_counts(y: np.ndarray) -> dict[str, int]:
-        return {CLASSES[i]: int((y == i).sum()) for i in range(len(CLASSES))}
-
+    assert reader.selection is not None
     meta = {
         "kind": "csi-windows",
         "dataset": "espectre",
@@ -242,24 +168,10 @@ def espectre_shard(
         "classes": list(CLASSES),
         "window": window,
         "stride": window if stride is None else stride,
-        "subcarriers": selection.to_meta(),
-        "source_files": [f["path"] for f in files],
-        "files": files,
-        "label_counts": {"train": label_counts(y_train), "test": label_counts(y_test)},
-        "ordinal": False,
-        "sessions": sessions,
-        "split": _split_meta(split, heldout, held, sessions, test_fraction)
-        if split == "session"
-        else {
-            "method": "held-out test recording" if heldout else "time",
-            "test_fraction": 0.0 if heldout else test_fraction,
-            "detail": (
-                "train: all baseline/movement windows; test: the test/ recording, "
-                "windowed separately before and after the motion start"
-            )
-            if heldout
-            else "the last windows of each recording are test; none shares a packet with train",
-        },
+        "subcarriers": reader.selection.to_meta(),
+        **_files_meta(recordings, parts, reader),
+        "sessions": parts.session_names,
+        "split": _split_meta(split, heldout, parts, test_fraction),
         "normalization": None
         if norm is None
         else {"kind": "per-feature z-score fitted on train", **norm.to_dict()},
@@ -267,19 +179,131 @@ def espectre_shard(
     }
     return Shard(
         x_train=x_train.astype(np.float32),
-        y_train=y_train,
+        y_train=parts.y_train,
         x_test=x_test.astype(np.float32),
-        y_test=y_test,
+        y_test=parts.y_test,
         meta=meta,
-        s_train=np.concatenate(s_tr),
-        s_test=np.concatenate(s_te),
+        s_train=parts.s_train,
+        s_test=parts.s_test,
     )
 
 
-def _split_meta(
-    split: str, heldout: list[dict[str, Any]], held: list[int], sessions: list[str], fraction: float
+class _ChipReader:
+    """Reads one chip's files into windowed recordings, checking that they agree."""
+
+    def __init__(self, chip: str, window: int, stride: int | None, drop_pilots: bool) -> None:
+        self.chip, self.window, self.stride, self.drop_pilots = chip, window, stride, drop_pilots
+        self.selection: SubcarrierSelection | None = None
+        self.packets: dict[str, int] = {}  # packets per file read
+        self.motion_starts: dict[str, int] = {}  # the test recording's
+
+    def rows(self, listed: EspectreFile) -> np.ndarray:
+        path = listed.path
+        if not path.is_file():
+            raise DataError(path, "file listed in dataset_info.json not found")
+        cap = load_capture(path, "npz")
+        if cap.info.get("chip") not in (None, self.chip):
+            raise DataError(
+                path, f"holds chip {cap.info.get('chip')!r}, dataset_info.json says {self.chip!r}"
+            )
+        rows, sel = capture_features(cap, drop_pilots=self.drop_pilots)
+        if self.selection is None:
+            self.selection = sel
+        elif sel.positions != self.selection.positions:
+            raise DataError(path, "subcarrier layout differs from the chip's other recordings")
+        if len(rows) < self.window:
+            raise DataError(
+                path,
+                f"too few packets: {len(rows)} packets, fewer than one window of {self.window}",
+            )
+        self.packets[str(path)] = len(rows)
+        return rows
+
+    def _recording(
+        self, listed: EspectreFile, rows: np.ndarray, label: int, lo: int, hi: int, test: bool
+    ) -> Recording:
+        starts = window_starts(hi - lo, self.window, self.stride) + lo
+        windows = gather_windows(rows, starts, self.window)
+        return Recording(
+            str(listed.path), listed.path.stem, label, windows, starts, self.window, test
+        )
+
+    def labelled(self, listed: EspectreFile) -> Recording:
+        rows = self.rows(listed)
+        return self._recording(listed, rows, _LABELS[listed.kind], 0, len(rows), False)
+
+    def heldout(self, listed: EspectreFile) -> list[Recording]:
+        """The test recording, quiet before its motion start and movement after, each
+        windowed on its own so that no window straddles the change."""
+        rows = self.rows(listed)
+        start = int(listed.motion_start or DEFAULT_MOTION_START)
+        if not 0 < start < len(rows):
+            raise DataError(listed.path, f"motion start {start} is outside the {len(rows)} packets")
+        self.motion_starts[str(listed.path)] = start
+        return [
+            self._recording(listed, rows, 0, 0, start, True),
+            self._recording(listed, rows, 1, start, len(rows), True),
+        ]
+
+
+def _files_meta(
+    recordings: list[Recording], parts: SplitRecordings, reader: _ChipReader
 ) -> dict[str, Any]:
-    test = [sessions[i] for i in held] if not heldout else sessions[len(sessions) - 1 :]
+    """The meta's ``files``, ``source_files`` and ``label_counts``: the test recording's
+    two parts are one file."""
+    files: dict[str, dict[str, Any]] = {}
+    for rec, (train, test) in zip(recordings, parts.counts, strict=True):
+        if not rec.test_only:
+            files[rec.source] = {
+                "path": rec.source,
+                "label": CLASSES[rec.label],
+                "packets": reader.packets[rec.source],
+                "train": train,
+                "test": test,
+            }
+            continue
+        entry = files.setdefault(
+            rec.source,
+            {
+                "path": rec.source,
+                "label": "quiet then movement",
+                "packets": reader.packets[rec.source],
+                "motion_start": reader.motion_starts[rec.source],
+                "train": 0,
+                "test": 0,
+                "test_per_label": {},
+            },
+        )
+        entry["test"] += test
+        entry["test_per_label"][CLASSES[rec.label]] = test
+
+    def label_counts(y: np.ndarray) -> dict[str, int]:
+        return {CLASSES[i]: int((y == i).sum()) for i in range(len(CLASSES))}
+
+    return {
+        "source_files": list(files),
+        "files": list(files.values()),
+        "label_counts": {"train": label_counts(parts.y_train), "test": label_counts(parts.y_test)},
+        "ordinal": False,
+    }
+
+
+def _split_meta(
+    split: Split, heldout: list[EspectreFile], parts: SplitRecordings, fraction: float
+) -> dict[str, Any]:
+    if split == "window":
+        return {
+            "method": "held-out test recording" if heldout else "time",
+            "test_fraction": 0.0 if heldout else fraction,
+            "detail": (
+                "train: all baseline/movement windows; test: the test/ recording, "
+                "windowed separately before and after the motion start"
+            )
+            if heldout
+            else "the last windows of each recording are test; none shares a packet with train",
+        }
+    sessions = parts.session_names
+    test = [sessions[i] for i in parts.held]
     return {
         "method": "session",
         "test_fraction": fraction,

@@ -233,27 +233,38 @@ def split_windows_by_time(
     stride: int | None = None,
     test_fraction: float = 0.2,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Start packets of train and test windows for one recording, split by time.
+    """Start packets of train and test windows for one recording, split by time
+    (:func:`split_starts_by_time` over every full window's start)."""
+    starts = window_starts(num_packets, window, stride)
+    train, test = split_starts_by_time(starts, window, test_fraction)
+    return starts[train], starts[test]
+
+
+def split_starts_by_time(
+    starts: np.ndarray, span: int, test_fraction: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (train, test) into one recording's window ``starts`` (ascending), split by
+    time.
 
     The last ``round(test_fraction * n)`` windows (at least one when ``test_fraction``
     is positive and there are two or more windows) are the test windows; train windows
-    are the earlier ones that end before the first test window starts, so no packet
-    belongs to both (overlapping strides lose the train windows that would straddle).
+    are the earlier ones that end (``start + span``) before the first test window starts,
+    so no packet belongs to both (overlapping strides lose the train windows that would
+    straddle). Rows rather than windows: ``span`` 1 and their indices as starts.
     """
-    starts = window_starts(num_packets, window, stride)
     n = len(starts)
+    index = np.arange(n, dtype=np.int64)
     if n == 0:
-        return starts, starts
+        return index, index
     n_test = round(test_fraction * n)
     if test_fraction > 0 and n >= 2:
         n_test = max(1, n_test)
     n_test = min(n_test, n - 1) if n >= 2 else 0
     if n_test == 0:
-        return starts, starts[:0]
-    test = starts[n - n_test :]
-    train = starts[: n - n_test]
-    train = train[train + window <= test[0]]
-    return train, test
+        return index, index[:0]
+    train = index[: n - n_test]
+    train = train[starts[train] + span <= starts[n - n_test]]
+    return train, index[n - n_test :]
 
 
 def gather_windows(x: np.ndarray, starts: np.ndarray, window: int) -> np.ndarray:

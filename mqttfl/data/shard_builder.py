@@ -2,7 +2,7 @@
 
 Every input file is one recording.  Each recording is split by time: its last
 ``test_fraction`` of windows are test windows, the earlier ones train windows, and
-no packet is in both (see :func:`~mqttfl.data.preprocess.split_windows_by_time`), so
+no packet is in both (see :func:`~mqttfl.data.preprocess.split_starts_by_time`), so
 no window leaks from train into test.  Recordings are grouped into clients:
 
 * ``all`` (default): every input is one client's data; the shard is written to OUT;
@@ -43,9 +43,16 @@ from mqttfl.data.preprocess import (
     SubcarrierSelection,
     capture_features,
     gather_windows,
-    split_windows_by_time,
+    window_starts,
 )
-from mqttfl.data.sessions import SPLITS, held_out_sessions, session_function, split_meta
+from mqttfl.data.recordings import (
+    Recording,
+    Split,
+    SplitRecordings,
+    check_split,
+    split_recordings,
+)
+from mqttfl.data.sessions import session_function, split_meta
 from mqttfl.data.shard import Shard, replace_directory, save_shard
 from mqttfl.errors import DataError
 from mqttfl.paths import creation_problem
@@ -57,7 +64,10 @@ DEFAULT_WINDOW = 1000  # FedAPA Sec. VI-B
 
 
 @dataclass
-class _Recording:
+class _ReadFile:
+    """One input file, read: its per-packet features (or feature rows) and what one
+    client's files must agree on."""
+
     path: Path
     label_name: str
     y: int
@@ -70,7 +80,7 @@ class _Recording:
 
 
 #: --group-by -> what the recordings of one client share
-_GROUP_KEYS: dict[str, Callable[[_Recording], Any]] = {
+_GROUP_KEYS: dict[str, Callable[[_ReadFile], Any]] = {
     "all": lambda rec: 0,
     "file": lambda rec: rec.path.resolve(),
     "dir": lambda rec: rec.path.resolve().parent,
@@ -91,10 +101,10 @@ def _read_recording(
     phase: bool,
     nexmon_chip: str | None,
     nexmon_bw: int | None,
-) -> _Recording:
+) -> _ReadFile:
     if features:
         rows = read_features(path, fmt)
-        return _Recording(
+        return _ReadFile(
             path,
             label_name,
             y,
@@ -119,7 +129,7 @@ def _read_recording(
     )
     if cap.phy:
         text += f" ({cap.phy})"
-    return _Recording(
+    return _ReadFile(
         path,
         label_name,
         y,
@@ -132,7 +142,7 @@ def _read_recording(
     )
 
 
-def _check_client(recordings: list[_Recording]) -> None:
+def _check_client(recordings: list[_ReadFile]) -> None:
     first = recordings[0]
     for rec in recordings[1:]:
         if rec.shape_key != first.shape_key:
@@ -143,25 +153,21 @@ def _check_client(recordings: list[_Recording]) -> None:
             )
 
 
-def _split_recording(
-    rec: _Recording, *, features: bool, window: int, stride: int | None, test_fraction: float
-) -> tuple[np.ndarray, np.ndarray]:
-    n = len(rec.rows)
+def _windowed(
+    read: _ReadFile, session: str, *, features: bool, window: int, stride: int | None
+) -> Recording:
+    n = len(read.rows)
     if features:
-        n_test = round(test_fraction * n)
-        if test_fraction > 0 and n >= 2:
-            n_test = max(1, n_test)
-        n_test = min(n_test, n - 1) if n >= 2 else 0
-        return rec.rows[: n - n_test], rec.rows[n - n_test :]
+        starts = np.arange(n, dtype=np.int64)
+        return Recording(str(read.path), session, read.y, read.rows, starts, 1)
     if n < window:
         raise DataError(
-            rec.path,
+            read.path,
             f"too few packets: {n} packets, fewer than one window of {window} (use a smaller --window)",
         )
-    train_starts, test_starts = split_windows_by_time(n, window, stride, test_fraction)
-    return gather_windows(rec.rows, train_starts, window), gather_windows(
-        rec.rows, test_starts, window
-    )
+    starts = window_starts(n, window, stride)
+    windows = gather_windows(read.rows, starts, window)
+    return Recording(str(read.path), session, read.y, windows, starts, window)
 
 
 def _jsonable(value: Any) -> Any:
@@ -182,7 +188,7 @@ def _counts(y: np.ndarray) -> dict[str, int]:
 
 
 def _build_shard(
-    recordings: list[_Recording],
+    reads: list[_ReadFile],
     *,
     fmt: str,
     features: bool,
@@ -196,146 +202,132 @@ def _build_shard(
     client_index: int,
     num_clients: int,
     group_by: str,
-    split: str = "window",
+    split: Split = "window",
     session_of: Callable[[Path], str] | None = None,
 ) -> Shard:
-    _check_client(recordings)
+    _check_client(reads)
     session_of = session_of or session_function("file")
-    sessions: list[str] = []
-    rec_session: list[int] = []
-    for rec in recordings:
-        name = session_of(rec.path)
-        if name not in sessions:
-            sessions.append(name)
-        rec_session.append(sessions.index(name))
-    held: list[int] = []
-    if split == "session":
-        if test_fraction <= 0:
-            raise ValueError("a session split needs a positive --test-fraction")
-        held = held_out_sessions(
-            np.array(rec_session), np.array([r.y for r in recordings]), test_fraction
-        )
-    parts_train, parts_test, ys_train, ys_test, files = [], [], [], [], []
-    ss_train, ss_test = [], []
-    for rec, session in zip(recordings, rec_session, strict=True):
-        tr, te = _split_recording(
-            rec,
-            features=features,
-            window=window,
-            stride=stride,
-            test_fraction=0.0 if split == "session" else test_fraction,
-        )
-        if session in held:
-            tr, te = te, tr  # the whole recording is a test session
-        parts_train.append(tr)
-        parts_test.append(te)
-        ys_train.append(np.full(len(tr), rec.y, dtype=np.int64))
-        ys_test.append(np.full(len(te), rec.y, dtype=np.int64))
-        ss_train.append(np.full(len(tr), session, dtype=np.int64))
-        ss_test.append(np.full(len(te), session, dtype=np.int64))
-        files.append(
-            {
-                "path": str(rec.path),
-                "label": rec.label_name,
-                "y": rec.y,
-                "session": sessions[session],
-                "rows" if features else "packets": len(rec.rows),
-                "train": len(tr),
-                "test": len(te),
-                "device": rec.device,
-                **({"capture": _jsonable(rec.capture_info)} if rec.capture_info else {}),
-            }
-        )
-    x_train = np.concatenate(parts_train)
-    x_test = np.concatenate(parts_test)
-    y_train = np.concatenate(ys_train)
-    y_test = np.concatenate(ys_test)
-    s_train = np.concatenate(ss_train)
-    s_test = np.concatenate(ss_test)
-    names = ", ".join(str(r.path) for r in recordings)
+    sessions = [session_of(read.path) for read in reads]
+    check_split(split, test_fraction)
+    recordings = [
+        _windowed(read, session, features=features, window=window, stride=stride)
+        for read, session in zip(reads, sessions, strict=True)
+    ]
+    names = ", ".join(str(r.path) for r in reads)
     unit = "rows" if features else "windows"
-    if len(x_train) == 0:
+    parts = split_recordings(
+        recordings,
+        split,
+        test_fraction,
+        where=names,
+        hint="use --session regex:PATTERN or more input files",
+    )
+    if len(parts.x_train) == 0:
         raise DataError(names, f"no training {unit} (too few packets for a window of {window})")
-    if split == "session" and not held:
-        raise DataError(
-            names,
-            f"a session split needs a label recorded in two sessions or more; the sessions "
-            f"are {', '.join(sessions)} (use --session regex:PATTERN or more input files)",
-        )
-    if test_fraction > 0 and len(x_test) == 0:
+    if test_fraction > 0 and len(parts.x_test) == 0:
         raise DataError(
             names,
             f"too few {unit} for a train/test split: every recording gives a single "
             f"{'row' if features else 'window'} (use a smaller --window or --test-fraction 0)",
         )
+    x_train, x_test = parts.x_train, parts.x_test
     norm: Normalizer | None = None
     if normalize:
         norm = Normalizer.fit(x_train)
         x_train, x_test = norm.apply(x_train), norm.apply(x_test)
     order = np.random.default_rng(seed).permutation(len(x_train))
-    x_train, y_train, s_train = x_train[order], y_train[order], s_train[order]
-    first = recordings[0]
+    x_train, y_train, s_train = x_train[order], parts.y_train[order], parts.s_train[order]
     meta: dict[str, Any] = {
         "kind": "features" if features else "csi-windows",
         "format": fmt,
-        "source_files": [str(r.path) for r in recordings],
-        "device": ", ".join(sorted({r.device for r in recordings})),
+        "source_files": [str(r.path) for r in reads],
+        "device": ", ".join(sorted({r.device for r in reads})),
         "client_index": client_index,
         "num_clients": num_clients,
         "group_by": group_by,
         "classes": classes,
         "ordinal": labels_ordinal(classes),
-        "label_counts": {"train": _counts(y_train), "test": _counts(y_test)},
-        "sessions": sessions,
-        "split": split_meta(
-            np.array(rec_session),
-            np.array([r.y for r in recordings]),
-            held,
-            sessions,
-            test_fraction,
-        )
-        if split == "session"
-        else {
-            "method": "time",
-            "test_fraction": test_fraction,
-            "detail": f"the last {unit} of each recording are test; none shares a packet with train",
-        },
+        "label_counts": {"train": _counts(y_train), "test": _counts(parts.y_test)},
+        "sessions": parts.session_names,
+        "split": _split_meta(reads, parts, split, test_fraction, unit),
         "normalization": None
         if norm is None
         else {"kind": "per-feature z-score fitted on train", **norm.to_dict()},
         "seed": seed,
-        "files": files,
+        "files": _files_meta(reads, parts, features),
+        **_shape_meta(reads[0], int(x_train.shape[-1]), features, window, stride, phase),
     }
-    if features:
-        meta["features"] = int(x_train.shape[-1])
-    else:
-        sel = first.selection
-        assert sel is not None
-        meta.update(
-            {
-                "window": window,
-                "stride": window if stride is None else stride,
-                "phase": phase,
-                "subcarriers": sel.to_meta(),
-                "antenna_pairs": int(np.prod(first.shape_key[1][1:]))
-                if len(first.shape_key[1]) > 1
-                else 1,
-                "features_per_packet": int(x_train.shape[-1]),
-            }
-        )
     return Shard(
         x_train=np.ascontiguousarray(x_train, dtype=np.float32),
         y_train=y_train,
         x_test=np.ascontiguousarray(x_test, dtype=np.float32),
-        y_test=y_test,
+        y_test=parts.y_test,
         meta=_jsonable(meta),
         s_train=s_train,
-        s_test=s_test,
+        s_test=parts.s_test,
     )
 
 
-def _group(recordings: list[_Recording], group_by: str) -> list[list[_Recording]]:
-    groups: dict[Any, list[_Recording]] = {}
+def _split_meta(
+    reads: list[_ReadFile], parts: SplitRecordings, split: Split, fraction: float, unit: str
+) -> dict[str, Any]:
+    if split == "window":
+        return {
+            "method": "time",
+            "test_fraction": fraction,
+            "detail": f"the last {unit} of each recording are test; none shares a packet with train",
+        }
+    return split_meta(
+        np.array(parts.recording_sessions),
+        np.array([r.y for r in reads]),
+        parts.held,
+        parts.session_names,
+        fraction,
+    )
+
+
+def _files_meta(
+    reads: list[_ReadFile], parts: SplitRecordings, features: bool
+) -> list[dict[str, Any]]:
+    files = []
+    for read, session, (train, test) in zip(
+        reads, parts.recording_sessions, parts.counts, strict=True
+    ):
+        files.append(
+            {
+                "path": str(read.path),
+                "label": read.label_name,
+                "y": read.y,
+                "session": parts.session_names[session],
+                "rows" if features else "packets": len(read.rows),
+                "train": train,
+                "test": test,
+                "device": read.device,
+                **({"capture": _jsonable(read.capture_info)} if read.capture_info else {}),
+            }
+        )
+    return files
+
+
+def _shape_meta(
+    first: _ReadFile, width: int, features: bool, window: int, stride: int | None, phase: bool
+) -> dict[str, Any]:
+    if features:
+        return {"features": width}
+    sel = first.selection
+    assert sel is not None
+    return {
+        "window": window,
+        "stride": window if stride is None else stride,
+        "phase": phase,
+        "subcarriers": sel.to_meta(),
+        "antenna_pairs": int(np.prod(first.shape_key[1][1:])) if len(first.shape_key[1]) > 1 else 1,
+        "features_per_packet": width,
+    }
+
+
+def _group(recordings: list[_ReadFile], group_by: str) -> list[list[_ReadFile]]:
+    groups: dict[Any, list[_ReadFile]] = {}
     key = _GROUP_KEYS[group_by]
     for rec in recordings:
         groups.setdefault(key(rec), []).append(rec)
@@ -366,6 +358,15 @@ def _write(shards: list[Shard], out: Path, overwrite: bool) -> list[Path]:
     return [out / f"client-{i}" for i in range(len(shards))]
 
 
+def _distinct(paths: list[Path]) -> list[Path]:
+    seen: set[Path] = set()
+    for path in paths:
+        if path.resolve() in seen:
+            raise DataError(path, "given twice as input")
+        seen.add(path.resolve())
+    return paths
+
+
 def build_shards(
     fmt: str,
     inputs: Sequence[str | Path],
@@ -385,12 +386,11 @@ def build_shards(
     features: bool = False,
     nexmon_chip: str | None = None,
     nexmon_bw: int | None = None,
-    split: str = "window",
+    split: Split = "window",
     session: str = "file",
 ) -> list[Shard]:
     """Everything :func:`prepare_shards` does except writing: one Shard per client."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    split = check_split(split)
     session_of = session_function(session)
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
@@ -405,12 +405,7 @@ def build_shards(
     group = group_by or ("file" if per_file_clients else "all")
     if group not in GROUPINGS:
         raise ValueError(f"group_by must be one of {', '.join(GROUPINGS)}")
-    paths = check_paths(inputs)
-    seen: dict[Path, Path] = {}
-    for p in paths:
-        if p.resolve() in seen:
-            raise DataError(p, "given twice as input")
-        seen[p.resolve()] = p
+    paths = _distinct(check_paths(inputs))
     names, ys, class_list = resolve_labels(labels, paths, classes=classes)
     recordings = [
         _read_recording(

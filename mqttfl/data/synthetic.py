@@ -70,7 +70,8 @@ from typing import cast
 
 import numpy as np
 
-from mqttfl.data.sessions import SPLITS, split_by_session, split_meta
+from mqttfl.data.recordings import Split, WindowTable, check_split, split_table
+from mqttfl.data.sessions import split_meta
 from mqttfl.data.shard import Shard
 
 ROOM_NAMES: tuple[str, ...] = (
@@ -376,24 +377,6 @@ def simulate(
     return cast("np.ndarray", np.abs(h) / np.float32(ref))
 
 
-def _stratified_split(
-    rng: np.random.Generator, y: np.ndarray, test_fraction: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """Indices (train, test): every label contributes ~test_fraction to the test set.
-
-    Samples are sorted by label (random order within a label) and the test set is
-    an evenly spaced systematic sample of that order with a random offset.
-    """
-    n = len(y)
-    n_test = min(n - 1, max(1, round(n * test_fraction)))
-    order = rng.permutation(n)
-    order = order[np.argsort(y[order], kind="stable")]
-    picks = ((np.arange(n_test) + rng.random()) * n / n_test).astype(np.int64)
-    is_test = np.zeros(n, dtype=bool)
-    is_test[order[picks]] = True
-    return np.flatnonzero(~is_test), np.flatnonzero(is_test)
-
-
 def make_room_shard(
     client_id: int,
     *,
@@ -403,7 +386,7 @@ def make_room_shard(
     num_classes: int = 21,
     test_fraction: float = 0.2,
     device: str = "per-room",
-    split: str = "window",
+    split: Split = "window",
 ) -> Shard:
     """Simulate the local dataset of ``client_id`` living in room ``client_id % 6``.
 
@@ -415,8 +398,7 @@ def make_room_shard(
     layout per count), and whole days are held out (:mod:`mqttfl.data.sessions`): with
     three days and ``test_fraction`` 0.2, the third day is the test day.
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    split = check_split(split)
     if client_id < 0 or seed < 0:
         raise ValueError("client_id and seed must be non-negative")
     if window < 1 or samples < 2 or num_classes < 2:
@@ -438,18 +420,43 @@ def make_room_shard(
         parts.append(simulate(rng, room, y[sl], scene, window))
     x = np.concatenate(parts)
     names = [f"day-{d}" for d in range(SESSIONS_PER_COUNT)]
+    session_ids = which.astype(np.int64)
+    # simulated windows have no time order; days record every count
+    table = WindowTable(session_ids, y, names, sessions_are_days=True)
+    chosen = split_table(table, split, test_fraction, rng=rng)
+    train, test = chosen.train, chosen.test
     if split == "session":
-        train, test, held = split_by_session(which, y, test_fraction, by_label=False)
-        split_info = split_meta(which, y, held, names, test_fraction)
+        split_info = split_meta(which, y, chosen.held, names, test_fraction)
     else:
-        train, test = _stratified_split(rng, y, test_fraction)
         split_info = {
             "method": "window",
             "test_fraction": test_fraction,
             "detail": "stratified by label; test windows share crowd layouts with train",
         }
-    labels, freq = np.unique(y[train], return_counts=True)
-    meta = {
+    meta = _room_meta(room, client_id, seed, window, num_classes, y[train], names, split_info)
+    return Shard(
+        x[train],
+        y[train],
+        x[test],
+        y[test],
+        meta,
+        s_train=session_ids[train],
+        s_test=session_ids[test],
+    )
+
+
+def _room_meta(
+    room: Room,
+    client_id: int,
+    seed: int,
+    window: int,
+    num_classes: int,
+    y_train: np.ndarray,
+    sessions: list[str],
+    split_info: dict[str, object],
+) -> dict[str, object]:
+    labels, freq = np.unique(y_train, return_counts=True)
+    return {
         "source": "synthetic",
         "room": room.name,
         "room_index": room.index,
@@ -463,16 +470,6 @@ def make_room_shard(
         "num_classes": num_classes,
         "label_counts": {str(int(c)): int(m) for c, m in zip(labels, freq, strict=True)},
         "ordinal": True,  # people counts
-        "sessions": names,
+        "sessions": sessions,
         "split": split_info,
     }
-    session_ids = which.astype(np.int64)
-    return Shard(
-        x[train],
-        y[train],
-        x[test],
-        y[test],
-        meta,
-        s_train=session_ids[train],
-        s_test=session_ids[test],
-    )
