@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -66,6 +66,7 @@ def measure(quick: bool) -> list[dict[str, Any]]:
     from mqttfl.algorithms.base import Context
     from mqttfl.algorithms.common.prototype_uploads import stack_uploads
     from mqttfl.algorithms.fedapa import aggregate_prototypes
+    from mqttfl.algorithms.fedapa.downlinks import Personal
 
     algorithm = get_algorithm("fedapa")
     ctx = Context(num_classes=CLASSES, embed_dim=DIM, rounds=50, seed=0, params=algorithm.params())
@@ -77,7 +78,7 @@ def measure(quick: bool) -> list[dict[str, Any]]:
         protos, mask = stack_uploads(uploads, CLASSES, DIM)
         downlinks = server.aggregate(1, uploads)
         assert len(downlinks.personal) == n
-        assert downlinks.personal["0"]["q"].shape == (CLASSES, DIM)
+        assert cast("Personal", downlinks.personal["0"])["q"].shape == (CLASSES, DIM)
         full_wall, full_cpu = _time(lambda uploads=uploads: server.aggregate(1, uploads), repeats)
         core_wall, core_cpu = _time(
             lambda protos=protos, mask=mask: aggregate_prototypes(protos, mask, tau=ctx.params.tau),

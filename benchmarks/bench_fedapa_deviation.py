@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from benchmarks.common import RESULTS, machine
 from mqttfl.algorithms.base import Context, Upload
+from mqttfl.algorithms.common.prototype_uploads import uploaded_prototypes
 from mqttfl.algorithms.fedapa import FedAPAParams, FedAPAServer, prototype_contrast
+from mqttfl.algorithms.fedapa.downlinks import Broadcast
 from mqttfl.algorithms.fedapa.peer_sampling import dequantize_sets
 from mqttfl.wire.downlinks import encode_downlinks
 from mqttfl.wire.schemas import ClientInfo
@@ -65,16 +67,15 @@ def deviation(n: int, sampling: str) -> dict[str, float]:
     z = torch.randn(BATCH, D, generator=gen)
     y = torch.randint(0, C, (BATCH,), generator=gen)
     server = _server(sampling)
-    padded = torch.from_numpy(np.stack([u.body["prototypes"] for u in uploads]))
+    padded = torch.from_numpy(np.stack([uploaded_prototypes(u)["prototypes"] for u in uploads]))
     exact = _gradient(z, padded, y, None)
     ratios = []
     for t in range(1, ROUNDS + 1):
         down = server.aggregate(t, uploads)
-        if "prototypes_int8" in down.broadcast:
+        broadcast = cast("Broadcast", down.broadcast)
+        if "prototypes_int8" in broadcast:
             sets = torch.from_numpy(
-                dequantize_sets(
-                    down.broadcast["prototypes_int8"], down.broadcast["prototypes_scale"]
-                )
+                dequantize_sets(broadcast["prototypes_int8"], broadcast["prototypes_scale"])
             )
         else:
             sets = torch.from_numpy(down.broadcast["prototypes"])

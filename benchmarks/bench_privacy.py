@@ -133,7 +133,7 @@ def run_federation(config: RunConfig, shards: dict[str, Shard], method: str) -> 
         for cid, side in sides.items():
             side.train(t, dict(params), round_rng(config.seed, side.info, t))
             began = time.perf_counter()
-            body = side.make_upload(t)
+            body = dict(side.make_upload(t))
             seconds.append(time.perf_counter() - began)
             sizes.append(len(encode(Message("upload", "bench", t, cid, body))))
             uploads[cid].append(body)

@@ -108,7 +108,7 @@ def round_bytes(method: str, overrides: list[str], n: int) -> dict[str, Any]:
             body = _sample_body(algorithm.upload_schema(ctx, info), rng)
             size = len(encode(Message("upload", config.run_id, 1, str(i), body)))
         else:
-            body, size = uploads[i % distinct].body, upload_sizes[i % distinct]
+            body, size = dict(uploads[i % distinct].body), upload_sizes[i % distinct]
         uploads.append(Upload(str(i), info, body))
         upload_sizes.append(size)
     server = algorithm.server(ctx)

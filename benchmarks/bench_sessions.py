@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -234,10 +234,10 @@ SOURCES: dict[str, Source] = {
 DEFAULT_SOURCES = ("espectre", "intel5300", "intel5300-file", "rooms")
 
 
-def payload_bytes(kind: str, t: int, client: str, body: dict[str, Any]) -> int:
+def payload_bytes(kind: str, t: int, client: str, body: Mapping[str, object]) -> int:
     from mqttfl.wire import Message, encode
 
-    return len(encode(Message(kind, "bench", t, client, body)))
+    return len(encode(Message(kind, "bench", t, client, dict(body))))
 
 
 @dataclass

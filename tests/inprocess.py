@@ -38,7 +38,7 @@ from mqttfl.wire.control import (
     read_status,
 )
 from mqttfl.wire.downlinks import read_downlink
-from mqttfl.wire.schemas import ClientInfo
+from mqttfl.wire.schemas import Body, ClientInfo
 
 RUN = "r"
 NUM_CLASSES = 4
@@ -140,8 +140,8 @@ class Federation:
         raw = Offline(client, "connection lost").encode(RUN)
         self.engine.on_status(read_status(raw, run_id=RUN, client=client))
 
-    def send_upload(self, t: int, client: str, body: dict[str, Any]) -> Upload | None:
-        raw = encode(Message("upload", RUN, t, client, body))
+    def send_upload(self, t: int, client: str, body: Body) -> Upload | None:
+        raw = encode(Message("upload", RUN, t, client, dict(body)))
         return self.engine.on_upload(t, client, raw)
 
     def _answer(self, announce: Announce) -> None:

@@ -19,6 +19,7 @@ from mqttfl.errors import RejectedUpload, RunAborted, WireError
 from mqttfl.wire.codec import pack_data, unpack_data
 from mqttfl.wire.control import Metrics
 from mqttfl.wire.downlinks import read_downlink
+from tests.bodies import array, editable, mapping
 from tests.inprocess import RUN, Federation
 
 
@@ -141,10 +142,9 @@ class PoisonableServer(FedAvgServer):
         self, t: int, uploads: list[Upload], staleness: Mapping[str, float] | None = None
     ) -> Downlinks:
         down = super().aggregate(t, uploads, staleness)
-        if any(float(np.abs(u.body["weights"]).max()) > 100 for u in uploads):
-            down.broadcast["weights"] = {
-                k: v * np.inf for k, v in down.broadcast["weights"].items()
-            }
+        if any(float(np.abs(array(u.body, "weights")).max()) > 100 for u in uploads):
+            poisoned = {k: v * np.inf for k, v in mapping(down.broadcast, "weights").items()}
+            down.broadcast = {**down.broadcast, "weights": poisoned}
         return down
 
 
@@ -155,7 +155,7 @@ def test_an_upload_that_poisons_the_aggregate_is_dropped_not_the_round() -> None
     fed.step()  # round 1 open, all three uploaded
     fed.engine.gate.accepted.pop("2")
     client = fed.clients[2]
-    body = client.make_upload(1)
+    body = editable(client.make_upload(1))
     body["weights"] = body["weights"] + 500.0  # within the schema's bound, fatal to the mean
     fed.send_upload(1, "2", body)
     fed.run()

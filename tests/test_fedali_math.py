@@ -25,6 +25,7 @@ from mqttfl.models import build_model
 from mqttfl.models.transformer import ALPLayer, TransformerEncoderNet, ema_update, sinkhorn
 from mqttfl.training.loops import predict_logits, train_epochs
 from mqttfl.wire.schemas import ClientInfo
+from tests.bodies import array, mapping
 from tests.inprocess import Federation
 
 
@@ -176,14 +177,16 @@ def test_server_averages_weights_and_sends_global_prototypes_only() -> None:
     down = fed.server.aggregate(2, fed.uploads)
     assert set(down.broadcast) == {"weights", "global"}
     assert down.personal == {}
-    assert set(down.broadcast["global"]) == {"0", "1"}
-    assert down.broadcast["global"]["0"].shape == (64, 32)
+    assert set(mapping(down.broadcast, "global")) == {"0", "1"}
+    assert array(down.broadcast, "global", "0").shape == (64, 32)
     for upload in fed.uploads:
         assert set(upload.body) == {"weights", "num_samples", "local_0", "local_1"}
     # the clients now hold the server's global prototypes and kept their own local ones
     client = fed.clients[0]
     assert isinstance(client, FedAliClient)
-    np.testing.assert_allclose(client.layers[0].local.numpy(), fed.uploads[0].body["local_0"])
+    np.testing.assert_allclose(
+        client.layers[0].local.numpy(), array(fed.uploads[0].body, "local_0")
+    )
 
 
 def test_clients_start_from_the_same_prototypes_and_local_ones_drift_apart() -> None:
@@ -214,7 +217,7 @@ def test_a_client_is_scored_on_the_model_it_trained_not_on_the_download(
     assert isinstance(client, FedAliClient)
     fed.round(1)  # train, upload, aggregate, receive, predict: the runtime's order
     trained = fed.uploads[0].body["weights"]
-    averaged = fed.server.aggregate(1, fed.uploads).broadcast["weights"]["transformer"]
+    averaged = array(fed.server.aggregate(1, fed.uploads).broadcast, "weights", "transformer")
     assert np.abs(trained - averaged).max() > 1e-5  # the two models do differ
     np.testing.assert_array_equal(flatten_weights(client.model), trained)
     x = client.shard.x_test
@@ -296,4 +299,4 @@ def test_aggregate_is_weighted_by_samples() -> None:
         )
 
     down = FedAliServer(ctx).aggregate(1, [up("0", 1.0, 1), up("1", 5.0, 3)])
-    np.testing.assert_allclose(down.broadcast["weights"]["transformer"], 4.0)  # (1 + 15) / 4
+    np.testing.assert_allclose(array(down.broadcast, "weights", "transformer"), 4.0)  # (1 + 15) / 4

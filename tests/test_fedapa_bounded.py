@@ -33,6 +33,7 @@ from mqttfl.algorithms.fedapa.peer_sampling import (
 from mqttfl.errors import WireError
 from mqttfl.wire.downlinks import encode_downlinks
 from mqttfl.wire.schemas import ClientInfo
+from tests.bodies import array
 from tests.inprocess import Federation
 
 
@@ -55,7 +56,7 @@ def _server(c: int, d: int, k: int, sampling: str = "uniform") -> FedAPAServer:
 def test_up_to_k_plus_one_clients_get_every_set_once_exactly_as_the_paper() -> None:
     bounded = _server(4, 8, k=5).aggregate(1, _uploads(6, 4, 8))
     unbounded = _server(4, 8, k=1000).aggregate(1, _uploads(6, 4, 8))
-    assert bounded.broadcast["prototypes"].shape == (6, 4, 8)
+    assert array(bounded.broadcast, "prototypes").shape == (6, 4, 8)
     np.testing.assert_array_equal(
         bounded.broadcast["prototypes"], unbounded.broadcast["prototypes"]
     )
@@ -142,14 +143,14 @@ def test_above_k_plus_one_the_stratified_downlink_stays_under_300_kb() -> None:
     c, d, k = 21, 256, 8
     for n in (12, 60):
         down = _server(c, d, k, "strata").aggregate(1, _uploads(n, c, d))
-        assert down.broadcast["prototypes_int8"].shape == (min(n, 40), c, d)
+        assert array(down.broadcast, "prototypes_int8").shape == (min(n, 40), c, d)
         payloads = encode_downlinks("r", 1, down.broadcast, down.personal)
         biggest = len(payloads.broadcast) + max(len(p) for p in payloads.personal.values())
         assert biggest <= 300_000
         for body in down.personal.values():
-            sets = 1 + min(n, 40) + len(body.get("extra", []))
-            assert body["set_weights"].shape == (sets,)
-            assert body["set_weights"].sum() == pytest.approx(1.0)
+            sets = 1 + min(n, 40) + (len(array(body, "extra")) if "extra" in body else 0)
+            assert array(body, "set_weights").shape == (sets,)
+            assert array(body, "set_weights").sum() == pytest.approx(1.0)
 
 
 def test_a_federation_trains_on_stratified_int8_sets() -> None:
@@ -167,15 +168,15 @@ def test_above_k_plus_one_every_downlink_stays_under_the_bound() -> None:
     c, d, k = 21, 256, 8
     for n in (12, 40):
         down = _server(c, d, k).aggregate(1, _uploads(n, c, d))
-        assert down.broadcast["prototypes"].shape == (k + 1, c, d)
+        assert array(down.broadcast, "prototypes").shape == (k + 1, c, d)
         payloads = encode_downlinks("r", 1, down.broadcast, down.personal)
         bound = (k + 2) * c * d * 4 + c * 4 + 2048  # S and Q_i, float32, P_i's sums, framing
         biggest = len(payloads.broadcast) + max(len(p) for p in payloads.personal.values())
         assert biggest <= bound <= 230_000
         body = down.personal["3"]
         assert "own" not in body  # the client rebuilds its own set from its upload
-        assert body["own_sums"].shape == (c,)
-        assert body["set_weights"].shape == (k + 2,)
+        assert array(body, "own_sums").shape == (c,)
+        assert array(body, "set_weights").shape == (k + 2,)
 
 
 @pytest.mark.parametrize("sampling", ["uniform", "strata"])
@@ -190,13 +191,22 @@ def test_a_client_rebuilds_its_own_padded_set_from_its_upload_and_q(sampling: st
     for row, upload in enumerate(uploads):
         body = down.personal[upload.client_id]
         own = rebuild_own_set(
-            upload.body["classes"], upload.body["prototypes"], body["q"], body["own_sums"]
+            array(upload.body, "classes"),
+            array(upload.body, "prototypes"),
+            array(body, "q"),
+            array(body, "own_sums"),
         )
         assert own is not None
         np.testing.assert_array_equal(own, padded[row])
     other = uploads[1].body  # another round's (or client's) upload does not pass the sums
     assert (
-        rebuild_own_set(other["classes"], other["prototypes"], body["q"], body["own_sums"]) is None
+        rebuild_own_set(
+            array(other, "classes"),
+            array(other, "prototypes"),
+            array(body, "q"),
+            array(body, "own_sums"),
+        )
+        is None
     )
 
 

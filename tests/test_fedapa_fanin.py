@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mqttfl.algorithms.base import Context, Upload
-from mqttfl.algorithms.common.prototype_uploads import stack_uploads
+from mqttfl.algorithms.common.prototype_uploads import stack_uploads, uploaded_prototypes
 from mqttfl.algorithms.fedapa import (
     FedAPAParams,
     FedAPAServer,
@@ -38,7 +38,7 @@ def test_the_fan_in_equals_eq_7_batched_in_any_arrival_order(n: int, tau: float)
     uploads = _uploads(n, seed=n)
     fan_in = FanIn(1, C, D, tau)
     for u in np.random.default_rng(0).permutation(np.array(uploads, dtype=object)):
-        fan_in.add(u.client_id, u.body)
+        fan_in.add(u.client_id, uploaded_prototypes(u))
     clients = sorted(u.client_id for u in uploads)
     q, protos, mask = fan_in.personalized(clients)
     ordered = sorted(uploads, key=lambda u: u.client_id)
@@ -81,7 +81,7 @@ def test_a_round_that_aggregates_other_uploads_than_arrived_takes_the_batched_pa
     # another round's arrivals, or another upload object for the same client, do not count
     fan_in = FanIn(2, C, D, 0.5)
     for u in uploads:
-        fan_in.add(u.client_id, u.body)
+        fan_in.add(u.client_id, uploaded_prototypes(u))
     ids, bodies = [u.client_id for u in uploads], [u.body for u in uploads]
     assert fan_in.covers(2, ids, bodies)
     assert not fan_in.covers(3, ids, bodies)

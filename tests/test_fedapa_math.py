@@ -29,6 +29,7 @@ from mqttfl.data.shard import Shard
 from mqttfl.models import build_model
 from mqttfl.training.loops import class_prototypes
 from mqttfl.wire.schemas import ClientInfo
+from tests.bodies import array
 
 # Two clients, two classes, d=2, τ=0.5.
 #   client 0: p^0 = [1, 0], p^1 = [0, 1]
@@ -153,8 +154,10 @@ UPLOADS = [
 def test_server_sends_each_client_its_own_q_and_everyone_the_padded_set() -> None:
     ctx = Context(num_classes=2, embed_dim=2, rounds=100, seed=0, params=FedAPAParams())
     down = FedAPAServer(ctx).aggregate(1, UPLOADS)
-    np.testing.assert_allclose(down.personal["1"]["q"], [[1.0, 0.642398], [0.0, 1.0]], atol=1e-6)
-    assert down.broadcast["prototypes"].shape == (2, 2, 2)
+    np.testing.assert_allclose(
+        array(down.personal["1"], "q"), [[1.0, 0.642398], [0.0, 1.0]], atol=1e-6
+    )
+    assert array(down.broadcast, "prototypes").shape == (2, 2, 2)
     assert "weights" not in down.broadcast
     assert FedAPAServer(ctx).round_params(25)["lambda"] == pytest.approx(
         warmup_lambda(25, lambda_min=0, lambda_max=1, warmup_rounds=50)

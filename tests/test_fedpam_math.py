@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from mqttfl.algorithms.common.weights import flatten_weights
 from mqttfl.algorithms.fedpam import FedPAMClient, adjusted_head, personalized_contrastive_loss
 from mqttfl.training.loops import train_epochs
+from tests.bodies import array
 from tests.inprocess import Federation
 
 
@@ -49,7 +50,7 @@ def test_pam_starts_at_identity_and_stays_local() -> None:
     assert not torch.allclose(trained, torch.eye(8))  # trained with θ and W ...
     body = fed.uploads[0].body
     assert set(body) == {"weights", "num_samples"}  # ... but never uploaded
-    assert body["weights"].shape == flatten_weights(client.model).shape
+    assert array(body, "weights").shape == flatten_weights(client.model).shape
     torch.testing.assert_close(client.pam.detach(), trained)  # the downlink left it alone
     fresh = Federation("fedpam", clients=1, rounds=1).clients[0]
     fresh.load_state_dict(client.state_dict())

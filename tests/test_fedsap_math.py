@@ -27,6 +27,7 @@ from mqttfl.algorithms.fedsap import (
     strong_view,
     weak_view,
 )
+from tests.bodies import array
 from tests.inprocess import Federation
 
 
@@ -248,7 +249,7 @@ def test_semi_supervised_rounds_calibrate_once_and_upload_unit_mixed_prototypes(
     assert client.thresholds is not None
     assert client.semi_round
     body = fed.uploads[0].body
-    np.testing.assert_allclose(np.linalg.norm(body["prototypes"], axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(array(body, "prototypes"), axis=1), 1.0, rtol=1e-5)
     state = client.state_dict()
     fresh = Federation("fedsap", clients=1, rounds=3, semi_supervised=True).clients[0]
     fresh.load_state_dict(state)

@@ -22,6 +22,7 @@ from mqttfl.engine.gate import UploadGate
 from mqttfl.errors import RejectedUpload, WireError
 from mqttfl.wire import Message, encode
 from mqttfl.wire.schemas import ClientInfo
+from tests.bodies import array, editable, mapping, number
 from tests.inprocess import Federation
 
 MY_METHODS = ("fedproto", "fedsap", "fedali", "fedpam", "wifed", "fedcaring")
@@ -69,8 +70,8 @@ def test_fedproto_server_broadcasts_the_bank_and_never_weights() -> None:
     )
     assert set(down.broadcast) == {"prototypes", "available"}
     assert down.personal == {}
-    np.testing.assert_allclose(down.broadcast["prototypes"][0], [2, 2])
-    assert down.broadcast["available"].tolist() == [1, 1, 1, 0]
+    np.testing.assert_allclose(array(down.broadcast, "prototypes")[0], [2, 2])
+    assert array(down.broadcast, "available").tolist() == [1, 1, 1, 0]
     weighted = Context(
         num_classes=4,
         embed_dim=2,
@@ -85,7 +86,7 @@ def test_fedproto_server_broadcasts_the_bank_and_never_weights() -> None:
             _proto_upload("1", [0, 2], PROTOS[1, [0, 2]], [1, 2]),
         ],
     )
-    np.testing.assert_allclose(down.broadcast["prototypes"][0], [1.5, 1.0])
+    np.testing.assert_allclose(array(down.broadcast, "prototypes")[0], [1.5, 1.0])
 
 
 def test_prototype_mse_is_torch_mse_over_samples_with_a_global_prototype() -> None:
@@ -172,15 +173,15 @@ def test_caring_aggregation_uses_the_two_weights_within_each_architecture() -> N
         ],
     )
     # (1·1 + 0.3·4 + 1·2) / 2.3 = 4.2 / 2.3
-    np.testing.assert_allclose(down.broadcast["weights"]["tiny"], 4.2 / 2.3, rtol=1e-6)
-    np.testing.assert_allclose(down.broadcast["weights"]["large"], 8.0)
+    np.testing.assert_allclose(array(down.broadcast, "weights", "tiny"), 4.2 / 2.3, rtol=1e-6)
+    np.testing.assert_allclose(array(down.broadcast, "weights", "large"), 8.0)
 
 
 def test_caring_client_declares_and_sends_its_local_performance() -> None:
     fed = Federation("fedcaring", clients=2, rounds=1).run()
     body = fed.uploads[0].body
     assert set(body) == {"weights", "num_samples", "local_accuracy"}
-    assert 0.0 <= body["local_accuracy"] <= 1.0
+    assert 0.0 <= number(body, "local_accuracy") <= 1.0
     schema = fed.schemas[0]
     with pytest.raises(WireError, match="missing"):
         schema.validate({k: v for k, v in body.items() if k != "local_accuracy"})
@@ -193,7 +194,7 @@ def test_wifed_fine_tunes_a_copy_and_keeps_the_global_model_for_training() -> No
     fed = Federation("wifed", clients=2, rounds=1).run()  # each client predicted once
     client = fed.clients[0]
     assert isinstance(client, WiFedClient)
-    global_weights = fed.server.aggregate(1, fed.uploads).broadcast["weights"]["middle"]
+    global_weights = array(fed.server.aggregate(1, fed.uploads).broadcast, "weights", "middle")
     np.testing.assert_allclose(flatten_weights(client.model), global_weights, rtol=1e-6)
     tuned = client.personal
     assert tuned is not None
@@ -231,7 +232,7 @@ def test_prototype_methods_work_across_architectures(name: str) -> None:
 def test_parameter_sharing_methods_average_within_architecture_groups() -> None:
     fed = Federation("fedpam", arch=["tiny", "middle", "tiny"]).run()
     down = fed.server.aggregate(3, fed.uploads)
-    assert set(down.broadcast["weights"]) == {"tiny", "middle"}
+    assert set(mapping(down.broadcast, "weights")) == {"tiny", "middle"}
 
 
 def test_every_registered_method_name_is_known() -> None:
@@ -261,7 +262,7 @@ def test_an_upload_outside_the_schema_is_rejected_by_client_and_coordinator(name
     with pytest.raises(RejectedUpload) as info:
         gate.check(2, "0", encode(Message("upload", "r", 2, "0", body)), fed.clients[0].info)
     assert info.value.reason == "unknown_field"
-    clean = encode(Message("upload", "r", 2, "0", fed.uploads[0].body))
+    clean = encode(Message("upload", "r", 2, "0", editable(fed.uploads[0].body)))
     assert gate.check(2, "0", clean, fed.clients[0].info).client_id == "0"
 
 
@@ -274,7 +275,7 @@ def test_prototype_uploads_are_tiny_next_to_weights() -> None:
                     "r",
                     1,
                     "0",
-                    Federation(name, clients=1, rounds=1).run().uploads[0].body,
+                    editable(Federation(name, clients=1, rounds=1).run().uploads[0].body),
                 )
             )
         )

@@ -21,7 +21,8 @@ from mqttfl.privacy.accountant import PrivacySettings
 from mqttfl.privacy.mechanism import noise_rng
 from mqttfl.training.lazy import torch
 from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
-from mqttfl.wire.schemas import ClientInfo, FloatField, PayloadSchema
+from mqttfl.wire.control import Number
+from mqttfl.wire.schemas import Body, ClientInfo, FloatField, PayloadSchema
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -52,13 +53,13 @@ class Context:
 class Upload:
     client_id: str
     info: ClientInfo
-    body: dict[str, Any]  # already validated against the method's upload schema
+    body: Body  # already validated against the method's upload schema
 
 
 @dataclass
 class Downlinks:
-    broadcast: dict[str, Any] = field(default_factory=dict)
-    personal: dict[str, dict[str, Any]] = field(default_factory=dict)
+    broadcast: Body = field(default_factory=dict)
+    personal: dict[str, Body] = field(default_factory=dict)
 
 
 class ServerSide(ABC):
@@ -77,7 +78,7 @@ class ServerSide(ABC):
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
 
-    def round_params(self, t: int) -> dict[str, Any]:
+    def round_params(self, t: int) -> dict[str, Number]:
         """Published in the round's start message (schedules live on the server)."""
         return {}
 
@@ -153,11 +154,11 @@ class ClientSide(ABC):
 
     # --- training -------------------------------------------------------------
     def loss(
-        self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor
+        self, t: int, params: Mapping[str, Number], logits: Tensor, embedding: Tensor, y: Tensor
     ) -> Tensor:
         return torch.nn.functional.cross_entropy(logits, y)
 
-    def train(self, t: int, params: dict[str, Any], rng: np.random.Generator) -> float:
+    def train(self, t: int, params: Mapping[str, Number], rng: np.random.Generator) -> float:
         return train_epochs(
             self.model,
             self.optimizer,
@@ -176,7 +177,7 @@ class ClientSide(ABC):
             self._noise = noise_rng()
         return self._noise
 
-    def declared(self, body: dict[str, Any]) -> dict[str, Any]:
+    def declared(self, body: Body) -> Body:
         """``body`` with the run's privacy settings declared, when [privacy] is on."""
         if self.ctx.privacy is None:
             return body
@@ -188,17 +189,17 @@ class ClientSide(ABC):
         """Exactly what this method's clients may upload; checked at both ends."""
 
     @abstractmethod
-    def make_upload(self, t: int) -> dict[str, Any]:
+    def make_upload(self, t: int) -> Body:
         """The body to publish; it must validate against the method's upload schema."""
 
-    def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+    def check_downlink(self, broadcast: Body, personal: Body | None) -> None:
         """Raise WireError unless what :meth:`receive` reads of a downlink has the shapes
         this client needs (the wire already checked that every number is finite and
         bounded). Called for the broadcast (``personal`` None) and for the personal body
         (``broadcast`` empty) as each arrives, before anything is applied."""
         return None
 
-    def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+    def receive(self, t: int, broadcast: Body, personal: Body | None) -> None:
         """Take in round t's downlinks (kept for the next round's training)."""
         return None
 
@@ -250,7 +251,7 @@ class Algorithm:
 
 
 def expect_array(
-    body: dict[str, Any], key: str, shape: tuple[int | None, ...], *, kind: str = "f"
+    body: Body, key: str, shape: tuple[int | None, ...], *, kind: str = "f"
 ) -> np.ndarray | None:
     """``body[key]`` if present: an array of ``shape`` (None: any length) whose dtype kind
     is in ``kind``; WireError otherwise. For :meth:`ClientSide.check_downlink`."""
@@ -268,8 +269,9 @@ def expect_array(
     return value
 
 
-def expect_map(body: dict[str, Any], key: str) -> dict[str, Any]:
+def expect_map(body: Body, key: str) -> Body:
+    """``body[key]``: a map (empty where absent); WireError otherwise."""
     value = body.get(key, {})
     if not isinstance(value, dict):
         raise WireError("type", f"downlink field '{key}' must be a map")
-    return value
+    return cast("Body", value)

@@ -52,6 +52,7 @@ from mqttfl.algorithms.common.weights import (
     flatten_weights,
     group_key,
     load_weights,
+    uploaded_weights,
     weights_length,
 )
 from mqttfl.algorithms.fedavg import FedAvgClient
@@ -60,7 +61,8 @@ from mqttfl.models.sizes import alp_widths
 from mqttfl.privacy.mechanism import private_update
 from mqttfl.training.lazy import F, torch
 from mqttfl.training.loops import train_epochs
-from mqttfl.wire.schemas import ArrayField, ClientInfo, IntField, PayloadSchema
+from mqttfl.wire.control import Number
+from mqttfl.wire.schemas import ArrayField, Body, ClientInfo, IntField, PayloadSchema
 
 
 class FedAliParams(BaseModel):
@@ -135,11 +137,11 @@ class FedAliServer(ModelVersions):
         self, t: int, uploads: list[Upload], staleness: Mapping[str, float] | None = None
     ) -> Downlinks:
         p: FedAliParams = self.ctx.params
-        samples = {u.client_id: float(u.body["num_samples"]) for u in uploads}
+        samples = {u.client_id: float(uploaded_weights(u)["num_samples"]) for u in uploads}
         counts = np.array([samples[u.client_id] for u in uploads])
         shared = {
             str(layer): global_prototypes(
-                np.stack([u.body[local_key(layer)] for u in uploads]),
+                np.stack([cast("np.ndarray", u.body[local_key(layer)]) for u in uploads]),
                 counts,
                 iterations=p.kmeans_iterations,
             )
@@ -187,7 +189,7 @@ class FedAliClient(FedAvgClient):
             fields[local_key(layer)] = ArrayField("float32", (count, width))
         return PayloadSchema(fields)
 
-    def make_upload(self, t: int) -> dict[str, Any]:
+    def make_upload(self, t: int) -> Body:
         """Weights, sample count and each ALP layer's local prototypes. With [privacy]
         on, DP-FedAvg over everything trained on the device: the weights and the local
         prototypes form one update since the round's start, clipped to C as a whole and
@@ -207,26 +209,26 @@ class FedAliClient(FedAvgClient):
             parts = np.split(noisy, sizes)
             weights, samples = parts[0], 1
             locals_ = [part.reshape(p.shape) for part, p in zip(parts[1:], locals_, strict=True)]
-        body: dict[str, Any] = {"weights": weights, "num_samples": samples}
-        for index, local in enumerate(locals_):
-            body[local_key(index)] = local
-        return self.declared(body)
+        body = {local_key(index): local for index, local in enumerate(locals_)}
+        return self.declared({"weights": weights, "num_samples": samples, **body})
 
-    def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+    def check_downlink(self, broadcast: Body, personal: Body | None) -> None:
         super().check_downlink(broadcast, personal)
         shared = expect_map(broadcast, "global")
         for index, layer in enumerate(self.layers):
             expect_array(shared, str(index), tuple(layer.shared.shape))
 
-    def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+    def receive(self, t: int, broadcast: Body, personal: Body | None) -> None:
         """Keep w_{r+1} for the next local training (Algorithm 2, line 4) without loading
         it: the evaluation that follows scores the model trained this round, as the
         official code does. P_global only acts in training, so it is taken at once."""
-        weights = broadcast.get("weights", {}).get(group_key(self.info))
+        length = weights_length(self.ctx, self.info)
+        weights = expect_array(expect_map(broadcast, "weights"), group_key(self.info), (length,))
         if weights is not None:
             self.next_weights = np.asarray(weights, np.float32)
         for index, layer in enumerate(self.layers):
-            shared = broadcast.get("global", {}).get(str(index))
+            shape = tuple(layer.shared.shape)
+            shared = expect_array(expect_map(broadcast, "global"), str(index), shape)
             if shared is not None:
                 layer.shared = torch.from_numpy(np.asarray(shared, np.float32))
 
@@ -243,7 +245,7 @@ class FedAliClient(FedAvgClient):
             return self.optimizer
         return torch.optim.Adam(self.model.parameters(), lr=p.local_lr)
 
-    def train(self, t: int, params: dict[str, Any], rng: np.random.Generator) -> float:
+    def train(self, t: int, params: Mapping[str, Number], rng: np.random.Generator) -> float:
         """localTrainALP (Algorithm 2, line 6): start from w_r, then fit with CE."""
         if self.next_weights is not None:
             load_weights(self.model, self.next_weights)

@@ -30,10 +30,11 @@ from mqttfl.algorithms.common.weights import (
     flatten_weights,
     group_key,
     load_weights,
+    uploaded_weights,
     weights_length,
 )
 from mqttfl.privacy.mechanism import private_update
-from mqttfl.wire.schemas import ArrayField, ClientInfo, IntField, PayloadSchema
+from mqttfl.wire.schemas import ArrayField, Body, ClientInfo, IntField, PayloadSchema
 
 
 def weights_schema(ctx: Context, info: ClientInfo) -> PayloadSchema:
@@ -49,7 +50,7 @@ class FedAvgServer(ModelVersions):
     def aggregate(
         self, t: int, uploads: list[Upload], staleness: Mapping[str, float] | None = None
     ) -> Downlinks:
-        weights = {u.client_id: float(u.body["num_samples"]) for u in uploads}
+        weights = {u.client_id: float(uploaded_weights(u)["num_samples"]) for u in uploads}
         return Downlinks(broadcast={"weights": average_by_group(uploads, weights)})
 
 
@@ -82,16 +83,19 @@ class FedAvgClient(ClientSide):
         )
         return noisy, 1
 
-    def make_upload(self, t: int) -> dict[str, Any]:
+    def make_upload(self, t: int) -> Body:
         weights, samples = self.shared_weights()
         return self.declared({"weights": weights, "num_samples": samples})
 
-    def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+    def check_downlink(self, broadcast: Body, personal: Body | None) -> None:
         groups = expect_map(broadcast, "weights")
         expect_array(groups, group_key(self.info), (weights_length(self.ctx, self.info),))
 
-    def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
-        global_weights = broadcast.get("weights", {}).get(group_key(self.info))
+    def receive(self, t: int, broadcast: Body, personal: Body | None) -> None:
+        length = weights_length(self.ctx, self.info)
+        global_weights = expect_array(
+            expect_map(broadcast, "weights"), group_key(self.info), (length,)
+        )
         if global_weights is not None:
             load_weights(self.model, global_weights)
             if self.start is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,13 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from mqttfl.algorithms.base import Algorithm, Context, Downlinks, Upload
 from mqttfl.algorithms.common.weights import (
     ModelVersions,
+    WeightsUpload,
     average_by_group,
     group_key,
     weights_length,
 )
 from mqttfl.algorithms.fedavg import FedAvgClient
 from mqttfl.training.loops import predict_logits
-from mqttfl.wire.schemas import ArrayField, ClientInfo, FloatField, IntField, PayloadSchema
+from mqttfl.wire.schemas import ArrayField, Body, ClientInfo, FloatField, IntField, PayloadSchema
 
 
 class FedCaringParams(BaseModel):
@@ -35,6 +36,12 @@ class FedCaringParams(BaseModel):
     caring_high: float = Field(1.0, gt=0)
     caring_low: float = Field(0.3, gt=0)
     caring_threshold: Literal["mean", "median"] = "mean"
+
+
+class CaringUpload(WeightsUpload):
+    """FedCaring's upload: FedAvg's, and the client's accuracy on its training set."""
+
+    local_accuracy: float
 
 
 def caring_weights(
@@ -54,7 +61,7 @@ class FedCaringServer(ModelVersions):
         p: FedCaringParams = self.ctx.params
         groups: dict[str, dict[str, float]] = {}
         for upload in uploads:
-            accuracy = float(upload.body["local_accuracy"])
+            accuracy = float(cast("CaringUpload", upload.body)["local_accuracy"])
             groups.setdefault(group_key(upload.info), {})[upload.client_id] = accuracy
         weights: dict[str, float] = {}
         for group_accuracy in groups.values():
@@ -80,7 +87,7 @@ class FedCaringClient(FedAvgClient):
             }
         )
 
-    def make_upload(self, t: int) -> dict[str, Any]:
+    def make_upload(self, t: int) -> Body:
         """Weights, sample count, training accuracy. With [privacy] on, the accuracy
         (sensitivity 1) is released beside the update as one Gaussian mechanism: the
         vector (Δ/S, acc) has sensitivity √2, so both get noise √2·z (in units of S and

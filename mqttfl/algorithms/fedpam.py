@@ -14,6 +14,7 @@ Inference uses the adjusted head.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from mqttfl.algorithms.base import Algorithm
 from mqttfl.algorithms.fedavg import FedAvgClient, FedAvgServer
 from mqttfl.training.lazy import F, nn, no_grad, torch
 from mqttfl.training.loops import batches
+from mqttfl.wire.control import Number
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -74,7 +76,7 @@ class FedPAMClient(FedAvgClient):
         self.max_grad_norm = self.ctx.params.pam_max_grad_norm
 
     def loss(
-        self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor
+        self, t: int, params: Mapping[str, Number], logits: Tensor, embedding: Tensor, y: Tensor
     ) -> Tensor:
         """Eq. 3.4: CE(W·z, y) + λ·L_pcl(W·P_k, z, y)."""
         p: FedPAMParams = self.ctx.params

@@ -11,7 +11,8 @@ classifier head or by the nearest global prototype (``inference``), and reports 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, cast
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +24,7 @@ from mqttfl.algorithms.common.prototypes import (
     prototype_mse,
 )
 from mqttfl.training.lazy import F
+from mqttfl.wire.control import Number
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -50,7 +52,7 @@ class FedProtoClient(PrototypeClient):
         return bool(ctx.params.proto_weighting == "samples")
 
     def loss(
-        self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor
+        self, t: int, params: Mapping[str, Number], logits: Tensor, embedding: Tensor, y: Tensor
     ) -> Tensor:
         """L = CE(g(r(h)), y) + λ·MSE(r(h), p̄_y)."""
         loss = F.cross_entropy(logits, y)

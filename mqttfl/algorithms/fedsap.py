@@ -38,7 +38,7 @@ cosine consistency loss (Eq. 12). Its uploads become the mixed prototypes of Eq.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
@@ -55,7 +55,9 @@ from mqttfl.algorithms.common.prototypes import (
 from mqttfl.logs import get_logger
 from mqttfl.training.lazy import F, torch
 from mqttfl.training.loops import batches, embed_all, train_epochs
+from mqttfl.wire.control import Number
 from mqttfl.wire.ids import client_number
+from mqttfl.wire.schemas import Body
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -255,7 +257,7 @@ class FedSAPServer(BankServer):
                 reason="λ_t is 0 in every round: sap_start_round is not before the last round",
             )
 
-    def round_params(self, t: int) -> dict[str, Any]:
+    def round_params(self, t: int) -> dict[str, Number]:
         p: FedSAPParams = self.ctx.params
         lam = curriculum_lambda(
             t,
@@ -304,11 +306,11 @@ class FedSAPClient(PrototypeClient):
         return loss
 
     def loss(
-        self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor
+        self, t: int, params: Mapping[str, Number], logits: Tensor, embedding: Tensor, y: Tensor
     ) -> Tensor:
         return self.supervised_loss(float(params.get("lambda", 0.0)), logits, embedding, y)
 
-    def train(self, t: int, params: dict[str, Any], rng: np.random.Generator) -> float:
+    def train(self, t: int, params: Mapping[str, Number], rng: np.random.Generator) -> float:
         self.semi_round = (
             bool(params.get("semi", False)) and self.pool is not None and self.has_bank()
         )
@@ -388,7 +390,7 @@ class FedSAPClient(PrototypeClient):
         get_logger().info("fedsap.pseudo_labels", round=t, seen=seen, accepted=accepted)
         return mean
 
-    def make_upload(self, t: int) -> dict[str, Any]:
+    def make_upload(self, t: int) -> Body:
         if not self.semi_round:
             return super().make_upload(t)
         assert self.pool is not None

@@ -6,7 +6,6 @@ The FedAPA paper's lower baseline (Table III, first row).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from mqttfl.algorithms.base import (
     Algorithm,
@@ -16,7 +15,7 @@ from mqttfl.algorithms.base import (
     ServerSide,
     Upload,
 )
-from mqttfl.wire.schemas import EMPTY, ClientInfo, PayloadSchema
+from mqttfl.wire.schemas import EMPTY, Body, ClientInfo, PayloadSchema
 
 
 class LocalServer(ServerSide):
@@ -31,7 +30,7 @@ class LocalClient(ClientSide):
     def upload_schema(cls, ctx: Context, info: ClientInfo) -> PayloadSchema:
         return EMPTY
 
-    def make_upload(self, t: int) -> dict[str, Any]:
+    def make_upload(self, t: int) -> Body:
         return {}
 
 

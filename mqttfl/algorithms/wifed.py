@@ -20,6 +20,7 @@ from mqttfl.algorithms.fedavg import FedAvgClient, FedAvgServer
 from mqttfl.training.lazy import F
 from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
 from mqttfl.wire.ids import client_number
+from mqttfl.wire.schemas import Body
 
 if TYPE_CHECKING:
     import torch
@@ -39,7 +40,7 @@ class WiFedClient(FedAvgClient):
         self.personal: EmbeddingModel | None = None  # the fine-tuned copy used to predict
         self.personal_round = -1
 
-    def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+    def receive(self, t: int, broadcast: Body, personal: Body | None) -> None:
         super().receive(t, broadcast, personal)
         self.received_round = t  # fine-tuning waits for predict(), which runs off the event loop
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from mqttfl.algorithms.base import Downlinks, ServerSide, Upload
 from mqttfl.errors import RunAborted
+from mqttfl.wire.schemas import Body
 
 
 def is_finite(tree: Any) -> bool:
@@ -24,7 +25,7 @@ def is_finite(tree: Any) -> bool:
     return True
 
 
-def magnitude(body: dict[str, Any]) -> float:
+def magnitude(body: Body) -> float:
     """The largest absolute value among an upload's arrays."""
     return max(
         (float(np.abs(v).max()) for v in body.values() if isinstance(v, np.ndarray) and v.size),

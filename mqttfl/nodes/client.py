@@ -309,7 +309,7 @@ class ClientRunner:
             return self.releases.kept(t, self.progress.instance)
         body = await self._off_loop(self.method.make_upload, t)
         self.schema.validate(body)
-        return encode(Message("upload", self.config.run_id, t, self.client_id, body))
+        return encode(Message("upload", self.config.run_id, t, self.client_id, dict(body)))
 
     async def _start_afresh(self) -> None:
         """Our state is of another instance of this run id: set it aside, train afresh."""
@@ -367,7 +367,7 @@ class ClientRunner:
             )
             await self._decline(start, exc.reason[:64] or "refused")
             return
-        payload = encode(Message("upload", self.config.run_id, t, self.client_id, body))
+        payload = encode(Message("upload", self.config.run_id, t, self.client_id, dict(body)))
         self.rounds.trained(t, len(payload))
         self.last_loss = float(loss)
         if self.ctx.privacy is not None:  # kept, and the state that charged it, before it goes

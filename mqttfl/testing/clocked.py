@@ -159,7 +159,7 @@ class ClockedFederation:
             spent = time.perf_counter() - began
             self.trace.compute_s += spent
             took = self.seconds(cid, spent)
-            raw = encode(Message("upload", self.run_id, t, cid, body))
+            raw = encode(Message("upload", self.run_id, t, cid, dict(body)))
             device.busy_until, device.upload = self.clock.now + took, (t, raw)
 
     def _finish(self, cid: str, device: Device) -> None:

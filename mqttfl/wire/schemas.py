@@ -99,6 +99,11 @@ class FloatField:
 Field = ArrayField | IntField | FloatField
 
 
+#: A message body: named fields, each an array, a number, a string or a map of them. The
+#: schema checks an upload's; a method reads its own through its TypedDict.
+Body = Mapping[str, object]
+
+
 @dataclass(frozen=True)
 class PayloadSchema:
     """Exactly the fields a body may hold; every field is required."""

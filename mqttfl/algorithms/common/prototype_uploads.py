@@ -3,12 +3,28 @@ noised with [privacy] on) and the server's stacking of a round's uploads."""
 
 from __future__ import annotations
 
+from typing import NotRequired, TypedDict, cast
+
 import numpy as np
 
 from mqttfl.algorithms.base import ClientSide, Context, Upload
 from mqttfl.privacy.mechanism import private_class_prototypes
 from mqttfl.training.loops import class_prototypes
 from mqttfl.wire.schemas import ArrayField, PayloadSchema
+
+
+class PrototypeUpload(TypedDict):
+    """The upload of a prototype method (:func:`prototype_schema`): the classes it holds,
+    one prototype per class and, where the method weights by them, their sample counts."""
+
+    classes: np.ndarray  # (k,) int64
+    prototypes: np.ndarray  # (k, embed_dim) float32
+    counts: NotRequired[np.ndarray]  # (k,) int64
+
+
+def uploaded_prototypes(upload: Upload) -> PrototypeUpload:
+    """``upload``'s body, which its schema checked, as the prototype upload it is."""
+    return cast("PrototypeUpload", upload.body)
 
 
 def class_statistics(
@@ -48,7 +64,8 @@ def stack_uploads(
     protos = np.zeros((len(uploads), num_classes, dim), np.float32)
     mask = np.zeros((len(uploads), num_classes), bool)
     for row, upload in enumerate(uploads):
-        classes = upload.body["classes"]
-        protos[row, classes] = upload.body["prototypes"]
+        body = uploaded_prototypes(upload)
+        classes = body["classes"]
+        protos[row, classes] = body["prototypes"]
         mask[row, classes] = True
     return protos, mask

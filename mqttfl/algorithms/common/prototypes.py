@@ -29,15 +29,17 @@ from mqttfl.algorithms.base import (
     expect_array,
 )
 from mqttfl.algorithms.common.prototype_uploads import (
+    PrototypeUpload,
     class_statistics,
     prototype_schema,
     stack_uploads,
+    uploaded_prototypes,
 )
 from mqttfl.errors import WireError
 from mqttfl.training.lazy import F, no_grad, torch
 from mqttfl.training.loops import embed_all
 from mqttfl.training.metrics import classification_report
-from mqttfl.wire.schemas import ClientInfo, PayloadSchema
+from mqttfl.wire.schemas import Body, ClientInfo, PayloadSchema
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -70,7 +72,8 @@ def global_bank(
 def stack_counts(uploads: list[Upload], num_classes: int) -> np.ndarray:
     counts = np.zeros((len(uploads), num_classes), np.int64)
     for row, upload in enumerate(uploads):
-        counts[row, upload.body["classes"]] = upload.body["counts"]
+        body = uploaded_prototypes(upload)
+        counts[row, body["classes"]] = body["counts"]
     return counts
 
 
@@ -154,10 +157,8 @@ class PrototypeClient(ClientSide):
     def labelled(self) -> tuple[np.ndarray, np.ndarray]:
         return self.shard.x_train, self.shard.y_train
 
-    def upload_body(
-        self, classes: np.ndarray, prototypes: np.ndarray, counts: np.ndarray
-    ) -> dict[str, Any]:
-        body = {"classes": classes, "prototypes": prototypes}
+    def upload_body(self, classes: np.ndarray, prototypes: np.ndarray, counts: np.ndarray) -> Body:
+        body = PrototypeUpload(classes=classes, prototypes=prototypes)
         if self.uploads_counts(self.ctx):
             body["counts"] = counts
         return self.declared(body)
@@ -169,21 +170,23 @@ class PrototypeClient(ClientSide):
         FedSAP), or with [privacy] on their clipped and noised estimates."""
         return class_statistics(self, embeddings, y)
 
-    def make_upload(self, t: int) -> dict[str, Any]:
+    def make_upload(self, t: int) -> Body:
         """Eq. 1 (FedSAP) / FedProto: mean embedding per local class, after training."""
         x, y = self.labelled()
         return self.upload_body(*self.class_statistics(embed_all(self.model, x), y))
 
-    def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+    def check_downlink(self, broadcast: Body, personal: Body | None) -> None:
         bank = expect_array(broadcast, "prototypes", (self.ctx.num_classes, self.ctx.embed_dim))
         available = expect_array(broadcast, "available", (self.ctx.num_classes,), kind="biu")
         if (bank is None) != (available is None):
             raise WireError("missing_field", "a bank comes with its 'available' mask")
 
-    def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
-        if "prototypes" in broadcast:
-            self.bank = torch.from_numpy(broadcast["prototypes"])
-            self.available = torch.from_numpy(broadcast["available"].astype(bool))
+    def receive(self, t: int, broadcast: Body, personal: Body | None) -> None:
+        bank = expect_array(broadcast, "prototypes", (self.ctx.num_classes, self.ctx.embed_dim))
+        available = expect_array(broadcast, "available", (self.ctx.num_classes,), kind="biu")
+        if bank is not None and available is not None:
+            self.bank = torch.from_numpy(bank)
+            self.available = torch.from_numpy(available.astype(bool))
 
     def has_bank(self) -> bool:
         return self.bank is not None and self.available is not None and bool(self.available.any())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import TypedDict, cast
 
 import numpy as np
 
@@ -11,6 +11,19 @@ from mqttfl.errors import ModelError
 from mqttfl.models.sizes import weight_count
 from mqttfl.training.lazy import nn, torch
 from mqttfl.wire.schemas import ClientInfo
+
+
+class WeightsUpload(TypedDict):
+    """The upload of a method that shares its model: one flat float32 vector of its
+    weights (:func:`flatten_weights`) and the samples it trained on."""
+
+    weights: np.ndarray
+    num_samples: int
+
+
+def uploaded_weights(upload: Upload) -> WeightsUpload:
+    """``upload``'s body, which its schema checked, as the weights upload it is."""
+    return cast("WeightsUpload", upload.body)
 
 
 def float_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -69,7 +82,8 @@ def average_by_group(uploads: list[Upload], weights: dict[str, float]) -> dict[s
         groups.setdefault(group_key(upload.info), []).append(upload)
     return {
         key: weighted_average(
-            [u.body["weights"] for u in members], [weights[u.client_id] for u in members]
+            [uploaded_weights(u)["weights"] for u in members],
+            [weights[u.client_id] for u in members],
         )
         for key, members in groups.items()
     }
@@ -106,7 +120,7 @@ class ModelVersions(ServerSide):
         if "weights" not in upload.body:
             return upload
         key = group_key(upload.info)
-        theta = upload.body["weights"]
+        theta = uploaded_weights(upload)["weights"]
         if key not in now or now[key].shape != theta.shape:
             return upload  # version 1 (nothing published yet): averaged as it is
         if key in base and base[key].shape == theta.shape:

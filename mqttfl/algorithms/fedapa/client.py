@@ -3,19 +3,21 @@ against Q_i (Eq. 9) and L_c against the prototype sets P (Eq. 10), from what cam
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from mqttfl.algorithms.base import ClientSide, Context
 from mqttfl.algorithms.common.prototype_uploads import class_statistics, prototype_schema
-from mqttfl.algorithms.fedapa.downlinks import check_downlink
+from mqttfl.algorithms.fedapa.downlinks import Broadcast, Personal, check_downlink
 from mqttfl.algorithms.fedapa.equations import prototype_contrast
 from mqttfl.algorithms.fedapa.peer_sampling import dequantize_sets, rebuild_own_set
 from mqttfl.logs import get_logger
 from mqttfl.training.lazy import F, torch
 from mqttfl.training.loops import embed_all
-from mqttfl.wire.schemas import ClientInfo, PayloadSchema
+from mqttfl.wire.control import Number
+from mqttfl.wire.schemas import Body, ClientInfo, PayloadSchema
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -37,7 +39,7 @@ class FedAPAClient(ClientSide):
         return prototype_schema(ctx)
 
     def loss(
-        self, t: int, params: dict[str, Any], logits: Tensor, embedding: Tensor, y: Tensor
+        self, t: int, params: Mapping[str, Number], logits: Tensor, embedding: Tensor, y: Tensor
     ) -> Tensor:
         """Eq. 12: L = L_ce + λ_t (L_g(Q_i) + L_c(P))."""
         loss = F.cross_entropy(logits, y)
@@ -52,7 +54,7 @@ class FedAPAClient(ClientSide):
             )
         return loss + lam * extra
 
-    def make_upload(self, t: int) -> dict[str, Any]:
+    def make_upload(self, t: int) -> Body:
         """Eq. 4 over the local training set with the freshly trained encoder; the
         per-class counts stay on the device. With [privacy] on, the clipped and noised
         class means of :func:`class_statistics` (mqttfl/privacy/mechanism.py)."""
@@ -61,27 +63,29 @@ class FedAPAClient(ClientSide):
         self.sent = (classes, protos)
         return self.declared({"classes": classes, "prototypes": protos})
 
-    def check_downlink(self, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
+    def check_downlink(self, broadcast: Body, personal: Body | None) -> None:
         check_downlink(broadcast, personal, classes=self.ctx.num_classes, dim=self.ctx.embed_dim)
 
-    def receive(self, t: int, broadcast: dict[str, Any], personal: dict[str, Any] | None) -> None:
-        if "available" not in broadcast:
+    def receive(self, t: int, broadcast: Body, personal: Body | None) -> None:
+        # check_downlink passed both: each field present has its shape and kind
+        down, mine = cast("Broadcast", broadcast), cast("Personal | None", personal)
+        if "available" not in down:
             return
-        self.available = torch.from_numpy(broadcast["available"].astype(bool))
+        self.available = torch.from_numpy(down["available"].astype(bool))
         self.p, self.p_weights = None, None
-        sets = broadcast.get("prototypes")
-        if "prototypes_int8" in broadcast:
-            sets = dequantize_sets(broadcast["prototypes_int8"], broadcast["prototypes_scale"])
-        if "global" in broadcast:
-            self.q = torch.from_numpy(broadcast["global"])
-        elif personal is not None and "q" in personal:
-            self.q = torch.from_numpy(personal["q"])
-        if personal is not None and "set_weights" in personal:  # [P_i, *S, *extra], weighted
-            self._receive_sample(t, sets, personal)
+        sets = down.get("prototypes")
+        if "prototypes_int8" in down:
+            sets = dequantize_sets(down["prototypes_int8"], down["prototypes_scale"])
+        if "global" in down:
+            self.q = torch.from_numpy(down["global"])
+        elif mine is not None and "q" in mine:
+            self.q = torch.from_numpy(mine["q"])
+        if mine is not None and "set_weights" in mine:  # [P_i, *S, *extra], weighted
+            self._receive_sample(t, sets, mine)
         elif sets is not None:
             self.p = torch.from_numpy(sets)
 
-    def _receive_sample(self, t: int, sets: np.ndarray | None, personal: dict[str, Any]) -> None:
+    def _receive_sample(self, t: int, sets: np.ndarray | None, personal: Personal) -> None:
         weights = personal["set_weights"]
         own = None
         if self.sent is not None and self.q is not None:

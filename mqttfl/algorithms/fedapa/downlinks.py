@@ -16,7 +16,7 @@ Client i gets Q_i (``q``, Eq. 7), or with the global-mean ablations everyone get
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from mqttfl.algorithms.fedapa.peer_sampling import (
     stratified_sample,
 )
 from mqttfl.errors import WireError
+from mqttfl.wire.schemas import Body
 
 #: The broadcast: ``available`` (C,) uint8, the classes someone holds; the sets as
 #: ``prototypes`` (M, C, d) float32, or ``prototypes_int8`` (M, C, d) with
@@ -111,9 +112,7 @@ def peer_sets(
     return uniform_sets(padded, clients, size=k + 1, seed=seed, t=t)
 
 
-def check_downlink(
-    broadcast: dict[str, Any], personal: dict[str, Any] | None, *, classes: int, dim: int
-) -> None:
+def check_downlink(broadcast: Body, personal: Body | None, *, classes: int, dim: int) -> None:
     """WireError unless every field present has its shape and kind, and the fields that
     go together came together."""
     c, d = classes, dim

@@ -20,9 +20,11 @@ used only when the round aggregates exactly the uploads it saw arrive, unweighte
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
+
+from mqttfl.algorithms.common.prototype_uploads import PrototypeUpload
+from mqttfl.wire.schemas import Body
 
 START_ROWS = 16
 # Rows summed together: at least 16, and an eighth of those before them, so that the
@@ -37,7 +39,7 @@ class FanIn:
     def __init__(self, t: int, num_classes: int, dim: int, tau: float) -> None:
         self.t, self.tau = t, tau
         self.rows: dict[str, int] = {}
-        self.bodies: list[dict[str, Any]] = []
+        self.bodies: list[PrototypeUpload] = []
         c, n = num_classes, START_ROWS
         self.per_class = np.zeros((c, n, dim), np.float32)  # p_j^c, zero where not held
         self.held = np.zeros((n, c), bool)
@@ -47,7 +49,7 @@ class FanIn:
         self.normalizer = np.zeros((c, n), np.float32)  # Σ_j e_ij·[j holds c]
         self.done = 0  # rows whose pairs with all earlier rows are summed
 
-    def add(self, client: str, body: dict[str, Any]) -> None:
+    def add(self, client: str, body: PrototypeUpload) -> None:
         """Upload ``body`` of ``client`` (already validated); its pairs are summed once a
         block of uploads waits, as one product against every earlier one."""
         if client in self.rows:
@@ -92,7 +94,7 @@ class FanIn:
         self.normalizer[:, first:n] = np.matmul(into_block, held[..., None])[..., 0]
         self.done = n
 
-    def covers(self, t: int, clients: Sequence[str], bodies: Sequence[dict[str, Any]]) -> bool:
+    def covers(self, t: int, clients: Sequence[str], bodies: Sequence[Body]) -> bool:
         """Whether round ``t`` aggregates exactly these arrivals (the same upload objects)."""
         return (
             t == self.t

@@ -14,17 +14,17 @@ latest set gets its Q_i.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
 
 import numpy as np
 
 from mqttfl.algorithms.base import Context, Downlinks, ServerSide, Upload
-from mqttfl.algorithms.common.prototype_uploads import stack_uploads
+from mqttfl.algorithms.common.prototype_uploads import stack_uploads, uploaded_prototypes
 from mqttfl.algorithms.fedapa.downlinks import Broadcast, Personal, peer_sets
 from mqttfl.algorithms.fedapa.equations import aggregate_prototypes, warmup_lambda, warmup_length
 from mqttfl.algorithms.fedapa.fanin import FanIn
 from mqttfl.algorithms.fedapa.params import FedAPAParams
 from mqttfl.logs import get_logger
+from mqttfl.wire.control import Number
 
 
 class FedAPAServer(ServerSide):
@@ -42,7 +42,7 @@ class FedAPAServer(ServerSide):
                 reason="λ_t never reaches lambda_max in this run",
             )
 
-    def round_params(self, t: int) -> dict[str, Any]:
+    def round_params(self, t: int) -> dict[str, Number]:
         p: FedAPAParams = self.ctx.params
         lam = warmup_lambda(
             t, lambda_min=p.lambda_min, lambda_max=p.lambda_max, warmup_rounds=self.warmup_rounds
@@ -56,7 +56,7 @@ class FedAPAServer(ServerSide):
             return
         if self.fan_in is None or self.fan_in.t != t:
             self.fan_in = FanIn(t, self.ctx.num_classes, self.ctx.embed_dim, p.tau)
-        self.fan_in.add(upload.client_id, upload.body)
+        self.fan_in.add(upload.client_id, uploaded_prototypes(upload))
 
     def aggregate(
         self, t: int, uploads: list[Upload], staleness: Mapping[str, float] | None = None
@@ -90,6 +90,6 @@ class FedAPAServer(ServerSide):
             for row, client in enumerate(clients):
                 personal[client]["q"] = q[row]
         return Downlinks(
-            broadcast=cast("dict[str, Any]", broadcast),
-            personal={c: cast("dict[str, Any]", b) for c, b in personal.items() if b},
+            broadcast=broadcast,
+            personal={c: b for c, b in personal.items() if b},
         )
