@@ -219,7 +219,7 @@ class RunConfig(BaseSettings):
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
-    method_params: dict[str, Any] = Field(default_factory=dict, alias="method_params")
+    method_params: dict[str, object] = Field(default_factory=dict, alias="method_params")
     broker: BrokerConfig = BrokerConfig()
     logging: LoggingConfig = LoggingConfig()
     privacy: PrivacyConfig = PrivacyConfig()
@@ -314,7 +314,7 @@ class _FileSource(PydanticBaseSettingsSource):
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         return (_FILE_TREE.get() or {}).get(field_name), field_name, False
 
-    def __call__(self) -> dict[str, Any]:
+    def __call__(self) -> dict[str, object]:
         return dict(_FILE_TREE.get() or {})
 
 
@@ -341,7 +341,7 @@ def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
-def _rename_method_table(tree: dict[str, Any]) -> dict[str, Any]:
+def _rename_method_table(tree: dict[str, Any]) -> dict[str, object]:
     # In TOML, `method` is both the method name and the [method] table of its
     # hyper-parameters; a table value means the latter (its `name` key, if any,
     # is the method name).
@@ -358,7 +358,7 @@ def _rename_method_table(tree: dict[str, Any]) -> dict[str, Any]:
     return tree
 
 
-def _env_overrides(tree: dict[str, Any]) -> dict[str, Any]:
+def _env_overrides(tree: dict[str, Any]) -> dict[str, object]:
     """Let ``MQTTFL_METHOD__TAU=0.7`` reach the [method] table."""
     for name, raw in os.environ.items():
         if name.startswith("MQTTFL_METHOD__"):

@@ -212,7 +212,7 @@ def test_run_state_survives_the_checkpoint_codec_and_resumes_the_next_round() ->
     assert isinstance(actions[-1], Announce)
     assert actions[-1].start.round == 3
     server_state: dict[str, Any] = resumed.engine.server.state_dict()
-    assert server_state.keys() == saved["server"].keys()
+    assert server_state.keys() == mapping(saved, "server").keys()
 
 
 def test_the_engine_reads_only_its_injected_clock() -> None:

@@ -121,7 +121,7 @@ class WindowScreen:
         keep[farthest[far[farthest] > self.limit]] = False
         return keep
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "what": "windows farther than limit from the windows' median (per-feature mean "
             "and log spread over time, scaled by the MAD, at least floor, times scale for a "

@@ -107,7 +107,7 @@ class ShiftGate:
         adapting the worst training day kept that day."""
         return bool(not np.isnan(ratio) and ratio >= self.threshold)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "version": GATE_VERSION,
             "decision": "adapt where the fit ratio to Q_i is at least the threshold",

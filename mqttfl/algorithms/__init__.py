@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -81,7 +82,7 @@ def check_models(config: Any) -> None:
             )
 
 
-def own_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
+def own_params(method: str, params: Mapping[str, object]) -> dict[str, object]:
     """The entries of a ``[method]`` table that ``method`` reads (see :func:`_own_params`)."""
     return _own_params(get_algorithm(method), params)
 
@@ -90,7 +91,7 @@ def own_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
 SHARED_WITH = "shared_with"
 
 
-def _own_params(algorithm: Algorithm, params: dict[str, Any]) -> dict[str, Any]:
+def _own_params(algorithm: Algorithm, params: Mapping[str, object]) -> dict[str, object]:
     """The keys of ``[method]`` that ``algorithm`` reads.
 
     A key of another method is an error naming it, unless the table says it serves that

@@ -110,10 +110,11 @@ class ServerSide(ABC):
         version after ``now`` with staleness weight ``s`` (default: as it is)."""
         return upload
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
+        """What a coordinator's checkpoint keeps of this side (default: nothing)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         return None
 
 
@@ -221,10 +222,11 @@ class ClientSide(ABC):
         """Further metrics published beside accuracy/F1/MAE (e.g. a second inference)."""
         return {}
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """What a device's state file keeps of this side: named arrays (default: none)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         return None
 
 

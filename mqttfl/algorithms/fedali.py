@@ -266,7 +266,7 @@ class FedAliClient(FedAvgClient):
             rng=rng,
         )
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, np.ndarray]:
         state = {}
         for index, layer in enumerate(self.layers):
             state[f"local_{index}"] = layer.local.numpy().copy()
@@ -275,7 +275,7 @@ class FedAliClient(FedAvgClient):
             state["next_weights"] = self.next_weights
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         for index, layer in enumerate(self.layers):
             if f"local_{index}" in state:
                 layer.local = torch.from_numpy(np.asarray(state[f"local_{index}"], np.float32))

@@ -103,10 +103,10 @@ class FedPAMClient(FedAvgClient):
 
         return AdjustedHead(self.model, self.pam)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, np.ndarray]:
         return {"pam": self.pam.detach().numpy().copy()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         if "pam" in state:
             with torch.no_grad():
                 self.pam.copy_(torch.from_numpy(np.asarray(state["pam"], np.float32)))

@@ -426,13 +426,13 @@ class FedSAPClient(PrototypeClient):
             )
         )
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, np.ndarray]:
         state = super().state_dict()
         if self.thresholds is not None:
             state["thresholds"] = np.asarray(self.thresholds, np.float64)
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         super().load_state_dict(state)
         if "thresholds" in state:
             margin, d_max = (float(v) for v in np.asarray(state["thresholds"]))

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from mqttfl.bus.address import BrokerAddress, Credentials
     from mqttfl.config import RunConfig
+    from mqttfl.data.shard import Shard
 
 
 def add_run_command(subparsers: Any) -> None:
@@ -156,7 +157,7 @@ class _ShardLoader:
 
     def __init__(self, config: RunConfig) -> None:
         self._config = config
-        self._shards: dict[str, Any] | None = None
+        self._shards: dict[str, Shard] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._load, name="mqttfl-shards", daemon=True)
         self._thread.start()
@@ -169,7 +170,7 @@ class _ShardLoader:
         except BaseException as exc:
             self._error = exc
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> dict[str, Shard]:
         self._thread.join()
         if self._error is not None:
             raise self._error

@@ -93,7 +93,7 @@ class Capture:
     bandwidth: int | None = None
     device: str = ""
     invalid_index: tuple[int, ...] = ()
-    info: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, object] = field(default_factory=dict)
 
     @property
     def num_packets(self) -> int:

@@ -248,7 +248,7 @@ class _ChipReader:
 
 def _files_meta(
     recordings: list[Recording], parts: SplitRecordings, reader: _ChipReader
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The meta's ``files``, ``source_files`` and ``label_counts``: the test recording's
     two parts are one file."""
     files: dict[str, dict[str, Any]] = {}
@@ -290,7 +290,7 @@ def _files_meta(
 
 def _split_meta(
     split: Split, heldout: list[EspectreFile], parts: SplitRecordings, fraction: float
-) -> dict[str, Any]:
+) -> dict[str, object]:
     if split == "window":
         return {
             "method": "held-out test recording" if heldout else "time",

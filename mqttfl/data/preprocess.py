@@ -88,7 +88,7 @@ class SubcarrierSelection:
     pilot: tuple[int, ...]  # removed pilot indices
     source: str  # "plan:<phy>", "user" or "all"
 
-    def to_meta(self) -> dict[str, Any]:
+    def to_meta(self) -> dict[str, object]:
         return {
             "count": len(self.positions),
             "positions": list(self.positions),

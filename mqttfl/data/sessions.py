@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -97,7 +96,7 @@ def split_meta(
     held: Sequence[int],
     names: Sequence[str],
     test_fraction: float,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The shard meta's ``split`` entry of a session split (``sessions``/``y``: every
     window's, or every recording's, session and label)."""
     tested = np.isin(sessions, list(held))

@@ -211,7 +211,7 @@ def read_json_file(path: Path) -> Any:
         raise DataError(path, f"unreadable JSON: {exc}") from None
 
 
-def _read_meta(path: Path) -> dict[str, Any]:
+def _read_meta(path: Path) -> dict[str, object]:
     meta = read_json_file(path)
     if not isinstance(meta, dict):
         raise DataError(path, "expected a JSON object")

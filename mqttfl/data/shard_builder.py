@@ -76,7 +76,7 @@ class _ReadFile:
     shape_key: tuple[Any, ...]  # what must agree inside one client
     shape_text: str
     selection: SubcarrierSelection | None
-    capture_info: dict[str, Any]
+    capture_info: dict[str, object]
 
 
 #: --group-by -> what the recordings of one client share
@@ -237,7 +237,7 @@ def _build_shard(
         x_train, x_test = norm.apply(x_train), norm.apply(x_test)
     order = np.random.default_rng(seed).permutation(len(x_train))
     x_train, y_train, s_train = x_train[order], parts.y_train[order], parts.s_train[order]
-    meta: dict[str, Any] = {
+    meta: dict[str, object] = {
         "kind": "features" if features else "csi-windows",
         "format": fmt,
         "source_files": [str(r.path) for r in reads],
@@ -270,7 +270,7 @@ def _build_shard(
 
 def _split_meta(
     reads: list[_ReadFile], parts: SplitRecordings, split: Split, fraction: float, unit: str
-) -> dict[str, Any]:
+) -> dict[str, object]:
     if split == "window":
         return {
             "method": "time",
@@ -311,7 +311,7 @@ def _files_meta(
 
 def _shape_meta(
     first: _ReadFile, width: int, features: bool, window: int, stride: int | None, phase: bool
-) -> dict[str, Any]:
+) -> dict[str, object]:
     if features:
         return {"features": width}
     sel = first.selection

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from mqttfl.engine.state import RunSummary
 from mqttfl.wire.control import RoundStart, RunStatus
@@ -32,7 +31,7 @@ class Announce:
     start: RoundStart
     status: RunStatus
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self) -> dict[str, object]:
         """``round.started``'s fields."""
         start = self.start
         return {
@@ -50,8 +49,8 @@ class Close:
 
     round: int
     payloads: DownlinkPayloads
-    checkpoint: dict[str, Any] | None
-    log: dict[str, Any] = field(default_factory=dict)
+    checkpoint: dict[str, object] | None
+    log: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ class Finish:
 class Keep:
     """Write the checkpoint, publish nothing (buffered mode: an upload entered the buffer)."""
 
-    checkpoint: dict[str, Any]
+    checkpoint: dict[str, object]
 
 
 Action = Announce | Close | Finish | Keep

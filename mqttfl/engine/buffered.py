@@ -157,7 +157,7 @@ class BufferGate(UploadGate):
             self.accepted_bytes[client] = size
 
 
-def _info_dict(info: ClientInfo) -> dict[str, Any]:
+def _info_dict(info: ClientInfo) -> dict[str, object]:
     return asdict(info)
 
 
@@ -172,7 +172,7 @@ def _info(data: dict[str, Any]) -> ClientInfo:
     )
 
 
-def _entry_dict(entry: Entry) -> dict[str, Any]:
+def _entry_dict(entry: Entry) -> dict[str, object]:
     upload = entry.upload
     return {
         "round": entry.round,
@@ -235,7 +235,7 @@ class BufferedEngine(RoundEngine):
         self.staleness = Counter({int(k): int(n) for k, n in saved["staleness"].items()})
         self.client_staleness = {str(c): int(s) for c, s in saved["client_staleness"].items()}
 
-    def _saved(self) -> dict[str, Any]:
+    def _saved(self) -> dict[str, object]:
         return {
             "buffer": [_entry_dict(e) for e in self.buffer.entries.values()],
             "latest": [_entry_dict(e) for e in self.latest.values()],
@@ -246,7 +246,7 @@ class BufferedEngine(RoundEngine):
             "client_staleness": dict(self.client_staleness),
         }
 
-    def checkpoint(self) -> dict[str, Any]:
+    def checkpoint(self) -> dict[str, object]:
         self.state.buffered = self._saved()
         return self.state.to_dict(self.config)
 

@@ -356,7 +356,7 @@ class Checkpoint(_Document):
     run_id: str
     method: str
     round: Annotated[StrictInt, Field(ge=0, le=MAX_ROUND)]
-    server: dict[str, Any]  # the method's server state
+    server: dict[str, object]  # the method's server state
     comm: dict[str, Annotated[StrictInt, Field(ge=0, le=2**62)]]
     retries: Annotated[StrictInt, Field(ge=0, le=2**62)]
     missing_uploads: Annotated[StrictInt, Field(ge=0, le=2**62)]
@@ -365,11 +365,11 @@ class Checkpoint(_Document):
     downlink_payloads: SavedDownlinks | None = None
     clients: list[str] = []
     uploads: dict[str, Annotated[StrictInt, Field(ge=0, le=2**62)]] = {}
-    buffered: dict[str, Any] = {}  # buffered mode: the buffer, sets and versions
+    buffered: dict[str, object] = {}  # buffered mode: the buffer, sets and versions
     instance: Annotated[str, Field(pattern="^[0-9a-f]{0,32}$")] = ""  # "": a new one on resume
     parts: dict[Name, ClientPart] = {}
 
-    def to_map(self) -> dict[str, Any]:
+    def to_map(self) -> dict[str, object]:
         """The map checkpoint.msgpack holds (``buffered`` only when there is one)."""
         saved = self.downlink_payloads
         return {

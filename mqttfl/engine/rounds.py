@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from typing import Any
 
 from mqttfl.algorithms.base import Algorithm, Context, ServerSide, Upload
 from mqttfl.config import RunConfig
@@ -492,7 +491,7 @@ class RoundEngine(Roster):
         limit = self.config.broker.max_message_bytes
         return framed_size(size, payload_budget(limit, topic)) if limit else size
 
-    def _progress(self, t: int) -> dict[str, Any]:
+    def _progress(self, t: int) -> dict[str, object]:
         return round_progress(self.records, len(self.clients), t)
 
     def summary(self) -> RunSummary:

@@ -58,7 +58,7 @@ class RunState:
     """Everything a restarted coordinator needs to go on after round ``round``."""
 
     round: int = 0  # the last closed round
-    server: dict[str, Any] = field(default_factory=dict)  # the method's server state
+    server: dict[str, object] = field(default_factory=dict)  # the method's server state
     comm: dict[str, int] = field(default_factory=_comm)  # payload bytes and counts
     retries: int = 0
     missing_uploads: int = 0
@@ -69,13 +69,13 @@ class RunState:
     clients: list[str] = field(default_factory=list)  # registered at the last close
     uploads: Counter[str] = field(default_factory=Counter)  # accepted, per client
     # federation.mode = "buffered": the buffer, latest sets and versions (engine/buffered.py)
-    buffered: dict[str, Any] = field(default_factory=dict)
+    buffered: dict[str, object] = field(default_factory=dict)
     # This run of the run id: made when it starts afresh, kept across resumes, published
     # with every start and run state (a device's state of another instance starts fresh).
     instance: str = field(default_factory=new_instance)
     parts: dict[str, Part] = field(default_factory=dict)  # each client's part (roster.py)
 
-    def to_dict(self, config: RunConfig) -> dict[str, Any]:
+    def to_dict(self, config: RunConfig) -> dict[str, object]:
         """checkpoint.msgpack's map (:class:`~mqttfl.engine.documents.Checkpoint`)."""
         downlinks = self.downlinks
         return Checkpoint.model_construct(
@@ -196,7 +196,7 @@ def _server_loads(state: RunState, config: RunConfig, *, source: Path) -> None:
         ) from None
 
 
-def round_progress(records: list[MetricsLine], clients: int, t: int) -> dict[str, Any]:
+def round_progress(records: list[MetricsLine], clients: int, t: int) -> dict[str, object]:
     """The mean accuracy and MAE of round t's metrics so far (for ``round.closed``)."""
     rows = [r for r in records[-4 * max(clients, 1) :] if r.round == t]
     if not rows:

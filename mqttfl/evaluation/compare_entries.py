@@ -98,7 +98,7 @@ def finished_summary(out: Path, config: RunConfig) -> RunSummary | None:
     return summary
 
 
-def _run_identity(recorded: dict[str, Any]) -> dict[str, Any]:
+def _run_identity(recorded: dict[str, Any]) -> dict[str, object]:
     """A recorded config without the ``[method]`` keys of other methods: one config file
     serves every method of a compare, and a step added for FedPAM changes no FedAPA run."""
     method_params = recorded.get("method_params")

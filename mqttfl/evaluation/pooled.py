@@ -154,7 +154,7 @@ class PooledRun:
     resumed: bool = False
 
 
-def client_shards(config: Any) -> dict[str, Any]:
+def client_shards(config: Any) -> dict[str, Shard]:
     """Every client's shard, as the launcher's clients 0..N-1 load them."""
     from mqttfl.data.sources import load_client_shard
 
@@ -190,7 +190,7 @@ def run_pooled(
             return result
     torch.set_num_threads(config.train.torch_threads)
     reference = pooled_reference(config, client_shards(config))
-    record: dict[str, Any] = {"config": dump}
+    record: dict[str, object] = {"config": dump}
     if isinstance(reference, PooledReference):
         result.metrics, result.per_client = reference.mean, reference.per_client
         record.update(epochs=reference.epochs, samples=reference.samples)

@@ -23,7 +23,6 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from itertools import zip_longest
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from pydantic import BaseModel
@@ -357,7 +356,7 @@ def _client_curves(run: RunData, path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
-def _as_read(part: BaseModel) -> dict[str, Any]:
+def _as_read(part: BaseModel) -> dict[str, object]:
     """A part of a summary as summary.json holds it (its keys, sorted)."""
     return dict(sorted(part.model_dump(exclude_unset=True).items()))
 

@@ -43,7 +43,7 @@ class Source:
 
     config: Any  # RunConfig (torch-free import of this module: kept as Any)
     state_file: Path
-    scores: dict[str, Any]  # the run's last evaluation of the client ({}: evaluate here)
+    scores: dict[str, object]  # the run's last evaluation of the client ({}: evaluate here)
     origin: dict[str, str]  # recorded in sensor.json's run section
 
 
@@ -73,7 +73,7 @@ def run_clients(summary: RunSummary) -> list[str]:
     return sorted(summary.clients, key=client_order)
 
 
-def last_scores(run_dir: Path, client_id: str) -> dict[str, Any]:
+def last_scores(run_dir: Path, client_id: str) -> dict[str, object]:
     """The client's last evaluated round in metrics.jsonl (accuracy, F1, MAE), read up to
     its last complete line and never changed; DataError naming a malformed line."""
     records, _ = read_metrics_file(Path(run_dir) / "metrics.jsonl")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from mqttfl.models.base import EmbeddingModel
@@ -74,7 +74,7 @@ class ModelSpec:
         self._check_input_dim(input_dim)
         module, _, attr = self.model_class.partition(":")
         model_class: Callable[..., EmbeddingModel] = getattr(importlib.import_module(module), attr)
-        extra: dict[str, Any] = {"input_dim": input_dim} if self.needs_input_dim else {}
+        extra: dict[str, object] = {"input_dim": input_dim} if self.needs_input_dim else {}
         return model_class(num_classes=num_classes, embed_dim=embed_dim, **extra)
 
     def _check_input_dim(self, input_dim: int | None) -> None:

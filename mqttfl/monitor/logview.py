@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from mqttfl.errors import FileError
 from mqttfl.paths import LOCK_FILE
@@ -38,7 +38,7 @@ class Event:
 
     at: datetime
     process: str
-    fields: dict[str, Any]
+    fields: dict[str, object]
 
     @property
     def name(self) -> str:

@@ -118,7 +118,7 @@ class StateFile:
         # The state to start afresh from (a fresh model): set by its owner before load().
         self.fresh: dict[str, Any] | None = None
 
-    def read(self) -> dict[str, Any]:
+    def read(self) -> dict[str, object]:
         """The file's state, never changing the file; DataError naming it and what is
         wrong if it cannot be read (cut short, not a state file)."""
         try:
@@ -214,7 +214,9 @@ class StateFile:
         progress.instance = str(state.get("instance", ""))
 
     @staticmethod
-    def snapshot(model: torch.nn.Module, method: ClientSide, progress: Progress) -> dict[str, Any]:
+    def snapshot(
+        model: torch.nn.Module, method: ClientSide, progress: Progress
+    ) -> dict[str, object]:
         return {
             "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
             "optimizer": copy.deepcopy(method.optimizer.state_dict()),

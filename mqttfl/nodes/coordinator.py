@@ -25,7 +25,7 @@ from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.transport import Bus, Incoming
 from mqttfl.config import RunConfig
-from mqttfl.engine.actions import Action, Announce, Close, Finish, Keep
+from mqttfl.engine.actions import Action, Announce, ClientRecord, Close, Finish, Keep
 from mqttfl.engine.budget import MAX_SENDERS, RATES
 from mqttfl.engine.buffered import engine_for
 from mqttfl.engine.journal import Journal
@@ -151,7 +151,7 @@ class Coordinator:
         return self.engine.state
 
     @property
-    def clients(self) -> dict[str, Any]:
+    def clients(self) -> dict[str, ClientRecord]:
         return self.engine.clients
 
     @property

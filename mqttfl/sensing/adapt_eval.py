@@ -31,7 +31,7 @@ class AdaptiveResult:
     predicted: np.ndarray
     scores: np.ndarray
     adaptation: Adaptation  # the estimate (in stream order: the last one)
-    summary: dict[str, Any]
+    summary: dict[str, object]
     curve: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -50,7 +50,7 @@ def _scores(adapter: Adapter, adaptation: Adaptation, x: np.ndarray, head: str) 
     return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
 
 
-def _describe(adaptation: Adaptation, mode: str) -> dict[str, Any]:
+def _describe(adaptation: Adaptation, mode: str) -> dict[str, object]:
     return {
         "mode": mode,
         "adapted": adaptation.adapted,

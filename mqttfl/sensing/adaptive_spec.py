@@ -68,7 +68,7 @@ class AdaptationSpec:
     def trained_statistics(self) -> list[tuple[np.ndarray, np.ndarray]]:
         return list(zip(self.trained_mean, self.trained_var, strict=True))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "format": ADAPT_FORMAT,
             "method": self.method,

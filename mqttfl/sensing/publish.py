@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib import metadata
-from typing import Any
 
 from mqttfl.sensing.model import Reading
 from mqttfl.sensing.spec import SensorSpec
@@ -37,11 +37,11 @@ def default_name(spec: SensorSpec) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{run_id}-client-{client}")[:64]
 
 
-def discovery_config(spec: SensorSpec, topics: SensorTopics, version: str) -> dict[str, Any]:
+def discovery_config(spec: SensorSpec, topics: SensorTopics, version: str) -> dict[str, object]:
     """Home Assistant's MQTT discovery payload for the count sensor."""
     run = {key: str(value)[:80] for key, value in spec.run.items()}
     people = all(c is not None for c in spec.counts)
-    config: dict[str, Any] = {
+    config: dict[str, object] = {
         "name": "People count" if people else "Activity class",
         "unique_id": f"mqttfl_{topics.node_id}_{OBJECT_ID}",
         "state_topic": topics.state,
@@ -76,14 +76,14 @@ def iso_time(seconds: float) -> str:
     )
 
 
-def state_message(reading: Reading) -> dict[str, Any]:
+def state_message(reading: Reading) -> dict[str, object]:
     """A reading's JSON (also Home Assistant's attributes); a model that adapts adds
     ``adapted`` (whether this reading's model was adapted to the session),
     ``shift_score`` (how far the buffer's windows moved from the training windows) and
     ``fit_ratio`` (the gate's statistic: it adapts where the ratio reaches its threshold);
     both null without a gate or before the buffer holds ``min_adapt_windows``."""
     count: float | int = int(reading.count) if reading.count.is_integer() else reading.count
-    state: dict[str, Any] = {
+    state: dict[str, object] = {
         "count": count,
         "class": reading.label,
         "confidence": round(reading.confidence, 4),
@@ -100,6 +100,6 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else round(value, 4)
 
 
-def encode(payload: dict[str, Any]) -> bytes:
+def encode(payload: Mapping[str, object]) -> bytes:
     """Strict JSON: a NaN or infinity raises ValueError (the runner never publishes one)."""
     return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()

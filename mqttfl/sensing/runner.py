@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -232,7 +232,7 @@ class Sensor:
                 return self._shard_windows()
 
     # --- output -----------------------------------------------------------------------
-    async def _publish(self, reading: Reading) -> dict[str, Any]:
+    async def _publish(self, reading: Reading) -> dict[str, object]:
         """Publish a reading (QoS 0: the next window's replaces it, and the loop never
         waits on the broker's acknowledgement, which a flood queues behind its frames)."""
         state = state_message(reading)
@@ -243,7 +243,7 @@ class Sensor:
             self.tally.first_reading_s = time.monotonic() - self.tally.started
         return state
 
-    def _show(self, state: dict[str, Any]) -> None:
+    def _show(self, state: Mapping[str, object]) -> None:
         if self.options.json_lines:
             self.out.write(json.dumps(state) + "\n")
         elif self.live:
@@ -316,7 +316,7 @@ class Sensor:
                 f"are not finite, nothing published ({n} skipped)"
             )
 
-    async def _evaluate(self) -> dict[str, Any]:
+    async def _evaluate(self) -> dict[str, object]:
         """Score the shard's test windows in the run's batches; publish each reading."""
         x, y = self.shard.x_test, self.shard.y_test
         if self.adapting is not None:
@@ -341,7 +341,7 @@ class Sensor:
         else:
             self.tally.readings += 1
 
-    async def _evaluate_adapting(self) -> dict[str, Any]:
+    async def _evaluate_adapting(self) -> dict[str, object]:
         """Once on the whole session, or in stream order (:mod:`.adapt_eval`); each
         reading published."""
         assert self.adapting is not None

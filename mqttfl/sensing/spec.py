@@ -67,11 +67,11 @@ class SensorSpec:
     classes: tuple[str, ...]
     counts: tuple[float | None, ...]  # the number each class stands for, if any
     preprocess: Preprocess
-    run: dict[str, Any]
-    scores: dict[str, Any]
+    run: dict[str, object]
+    scores: dict[str, object]
     eval_batch_size: int = 256
     model_file: str = MODEL_FILE
-    export: dict[str, Any] = field(default_factory=dict)
+    export: dict[str, object] = field(default_factory=dict)
     #: how the model adapts to the session it classifies (None: a fixed model)
     adaptation: AdaptationSpec | None = None
 
@@ -79,7 +79,7 @@ class SensorSpec:
     def num_classes(self) -> int:
         return len(self.classes)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         p = self.preprocess
         return {
             "format": SPEC_FORMAT,
@@ -208,14 +208,14 @@ def _parse_preprocess(table: dict[str, Any]) -> Preprocess:
     )
 
 
-def _scalars(value: Any, what: str) -> dict[str, Any]:
+def _scalars(value: Any, what: str) -> dict[str, object]:
     """``run`` and ``scores``: what the sensor shows of them (strings, numbers, null);
     nested values are left out, a non-finite number too."""
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise ValueError(f"{what} must be an object")
-    kept: dict[str, Any] = {}
+    kept: dict[str, object] = {}
     for key, item in value.items():
         if isinstance(item, float) and not np.isfinite(item):
             continue

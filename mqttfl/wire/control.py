@@ -266,7 +266,7 @@ class RoundStart:
             raise WireError("range", "announcement must be a non-negative 63-bit integer")
         run_instance(self.instance)
 
-    def to_body(self) -> dict[str, Any]:
+    def to_body(self) -> dict[str, object]:
         return {
             "selected": list(self.selected),
             "timeout_s": float(self.timeout_s),
@@ -340,7 +340,7 @@ class RunStatus:
             raise WireError("round_mismatch", "the open round's start is for another round")
 
     def encode(self, run: str) -> bytes:
-        body: dict[str, Any] = {"phase": self.phase}
+        body: dict[str, object] = {"phase": self.phase}
         if self.start is not None:
             body["start"] = self.start.to_body()
         if self.finished_at is not None:
@@ -396,7 +396,7 @@ class Ack:
         text_field("cannot_train", self.cannot_train, MAX_KEY_CHARS)
 
     def encode(self, run: str) -> bytes:
-        body: dict[str, Any] = {"announcement": self.announcement}
+        body: dict[str, object] = {"announcement": self.announcement}
         if self.cannot_train:
             body["cannot_train"] = self.cannot_train
         return encode(Message("ack", run, self.round, self.client_id, body))

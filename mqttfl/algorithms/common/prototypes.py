@@ -229,12 +229,12 @@ class PrototypeClient(ClientSide):
             out.update({f"proto_{k}": v for k, v in classification_report(y, proto).items()})
         return out
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, np.ndarray]:
         if self.bank is None or self.available is None:
             return {}
         return {"bank": self.bank.numpy(), "available": self.available.numpy()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         if "bank" in state:
             self.bank = torch.from_numpy(np.asarray(state["bank"], np.float32))
             self.available = torch.from_numpy(np.asarray(state["available"]).astype(bool))

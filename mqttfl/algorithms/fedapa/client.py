@@ -104,7 +104,7 @@ class FedAPAClient(ClientSide):
                 "downlink.inconsistent", round=t, reason="sample weights do not fit S"
             )
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, np.ndarray]:
         return {
             name: value.numpy()
             for name, value in (
@@ -116,7 +116,7 @@ class FedAPAClient(ClientSide):
             if value is not None
         } | ({"sent_classes": self.sent[0], "sent": self.sent[1]} if self.sent else {})
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
         for name in ("q", "p", "p_weights", "available"):
             if name in state:
                 setattr(self, name, torch.from_numpy(np.asarray(state[name])))
