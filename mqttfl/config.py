@@ -92,7 +92,8 @@ class DataConfig(_Table):
     # (the papers' per-client 80/20); "session", whole sessions the client never trained
     # on (a room recorded on some days and used on others). See mqttfl/data/sessions.py.
     split: Literal["window", "session"] = "window"
-    # shards: a directory holding client-{id}/ shard directories
+    # shards: a directory holding client-{id}/ shard directories; espectre: the folder
+    # holding espectre/ (mqttfl/data/espectre_files.py looks elsewhere when it is empty)
     path: str = ""
     # image partitions
     partition: Literal["dirichlet", "pathological", "nway_kshot"] = "dirichlet"

@@ -298,15 +298,23 @@ def _shards_present(data: DataConfig, num_clients: int) -> None:
 
 def _espectre(request: ShardRequest) -> Shard:
     from mqttfl.data.espectre import espectre_shard
+    from mqttfl.data.espectre_files import espectre_root
 
     data = request.data
     return espectre_shard(
         client_index(request.client_id),
-        root=shared_data_root(data) / "espectre",
+        root=espectre_root(data.path),
         window=data.window,
         stride=data.stride,
         split=data.split,
     )
+
+
+def _espectre_here(data: DataConfig, num_clients: int) -> None:
+    """Obtain the recordings once, before a local run's clients each look for them."""
+    from mqttfl.data.espectre_files import espectre_root
+
+    espectre_root(data.path)
 
 
 def _espectre_chip(data: DataConfig, index: int, num_clients: int) -> str | None:
@@ -349,7 +357,7 @@ _SOURCES = (
         ordinal=_shards_ordinal,
         check_local=_shards_present,
     ),
-    DataSource("espectre", _espectre, index_problem=_espectre_chip),
+    DataSource("espectre", _espectre, index_problem=_espectre_chip, check_local=_espectre_here),
     DataSource("digits", _images, index_problem=_image_part, has_sessions=False),
     DataSource("mnist", _images, index_problem=_image_part, has_sessions=False),
 )
