@@ -28,6 +28,15 @@ from pathlib import Path
 from mqttfl.errors import FileError, StateError
 
 
+def cache_root() -> Path:
+    """Where mqttfl keeps what it can make again: ``$MQTTFL_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/mqttfl``, else ``~/.cache/mqttfl``."""
+    explicit = os.environ.get("MQTTFL_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mqttfl"
+
+
 def creation_problem(path: Path) -> str | None:
     """Why ``path`` cannot be created (or written into) as a directory, or None."""
     ancestor = Path(os.path.abspath(path))

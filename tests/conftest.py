@@ -12,7 +12,6 @@ import functools
 import os
 import re
 import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,9 @@ from hypothesis import settings
 
 from mqttfl.provisioning.local_broker import LocalBroker
 
-# Tests never fetch data from the network nor touch the user's cache: a fetch a test did
-# not set up fails at once (its mirror does not exist), into a cache of the session's own.
+# Tests never fetch data from the network: a fetch that a test did not set up fails at
+# once, from a mirror that does not exist, and keeps nothing.
 os.environ.setdefault("MQTTFL_ESPECTRE_MIRROR", "/nonexistent/mqttfl-test-mirror")
-os.environ.setdefault("MQTTFL_CACHE_DIR", tempfile.mkdtemp(prefix="mqttfl-test-cache-"))
 
 # No example has a deadline: how long one takes on a loaded machine is a benchmark's
 # question, and Hypothesis's default (200 ms) failed examples beside a busy suite.

@@ -30,6 +30,7 @@ from pathlib import Path
 from mqttfl.errors import DataError
 from mqttfl.files import one_line
 from mqttfl.logs import get_logger
+from mqttfl.paths import cache_root
 
 ESPECTRE_REPOSITORY = "francescopace/espectre"
 ESPECTRE_COMMIT = "3886cebda4d5723a2204498e5eb8dde274cecd57"
@@ -62,15 +63,6 @@ FILES: dict[str, str] = {
 }
 FETCH_TIMEOUT_S = 60.0
 _MAX_FILE_BYTES = 8 << 20  # the largest recording is under 200 kB
-
-
-def cache_root() -> Path:
-    """Where obtained data is kept: $MQTTFL_CACHE_DIR, else the XDG cache's mqttfl/."""
-    explicit = os.environ.get("MQTTFL_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "mqttfl"
 
 
 def cached_espectre() -> Path:

@@ -61,6 +61,7 @@ from mqttfl.engine.journal import LAST_ROUNDS, summarize_clients
 from mqttfl.evaluation.imports import import_closure
 from mqttfl.files import write_atomic
 from mqttfl.logs import get_logger
+from mqttfl.paths import cache_root
 from mqttfl.wire.ids import client_order
 
 if TYPE_CHECKING:
@@ -100,14 +101,6 @@ def mean_scores(clients: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
     """Each metric's mean over the clients (zeros for none)."""
     rows = list(clients.values())
     return {k: float(np.mean([row[k] for row in rows])) if rows else 0.0 for k in METRICS}
-
-
-def cache_root() -> Path:
-    """``$MQTTFL_CACHE_DIR``, else ``$XDG_CACHE_HOME/mqttfl``, else ``~/.cache/mqttfl``."""
-    explicit = os.environ.get("MQTTFL_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mqttfl"
 
 
 # --- the key --------------------------------------------------------------------------------
