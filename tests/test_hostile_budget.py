@@ -27,7 +27,7 @@ from benchmarks.bench_hostile_peer import FULL, quick_attack, run_attack
 from mqttfl.bus.address import BrokerAddress
 from mqttfl.bus.transport import Incoming
 from mqttfl.config import load_config
-from mqttfl.engine.budget import QUIET_S, RATES, Buckets, Rate, SenderBudget
+from mqttfl.engine.budget import QUIET_S, RATES, Buckets, Kind, Rate, SenderBudget
 from mqttfl.engine.gate import MAX_SCHEMAS
 from mqttfl.nodes.coordinator import Coordinator
 from mqttfl.nodes.screen import Screen
@@ -220,10 +220,16 @@ def test_the_run_state_names_throttled_devices_for_watch() -> None:
 
 
 # --- live: the floods of rows 1 and 2 at a training federation --------------------------------
+_BUDGET_OF: dict[str, Kind] = {"status": "state", "uploads": "work"}  # what each attack hits
+
+
 def _check(figures: dict[str, Any], *, all_clients: bool) -> None:
     print("FIGURES hostile-budget", json.dumps(figures))
     assert figures["coordinator_alive"]
-    assert figures["flood_rate_per_s"] >= 0.8 * figures["attack"]["rate"]
+    # The attack is a flood whatever the machine's load lets the attacker reach: at least
+    # ten times what its budget lets a device send (a speed goal is a benchmark's).
+    budget = RATES[_BUDGET_OF[figures["attack"]["name"]]]
+    assert figures["flood_rate_per_s"] >= 10 * budget.per_s, figures["flood_rate_per_s"]
     lost = figures["honest_uploads_lost"]
     honest = lost if all_clients else {c: n for c, n in lost.items() if c != "2"}
     assert sum(honest.values()) == 0, figures["honest_uploads_lost_rounds"]
