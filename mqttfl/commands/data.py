@@ -19,7 +19,7 @@ from mqttfl.data import shard_builder
 from mqttfl.data.capture import FORMATS, NEXMON_BANDWIDTHS, NEXMON_CHIPS
 from mqttfl.data.inspect import format_inspection, inspect_shard, parse_subcarriers, shard_dirs
 from mqttfl.data.labels import parse_classes
-from mqttfl.data.sessions import SPLITS
+from mqttfl.data.recordings import SPLITS
 from mqttfl.data.shard_builder import DEFAULT_WINDOW, GROUPINGS, prepare_shards
 from mqttfl.errors import UsageError
 

@@ -27,8 +27,6 @@ import numpy as np
 
 from mqttfl.errors import DataError
 
-SPLITS: tuple[str, ...] = ("window", "session")
-
 
 def held_out_sessions(sessions: np.ndarray, y: np.ndarray, test_fraction: float) -> list[int]:
     """The session ids held out for testing (sorted); see the module docstring."""
