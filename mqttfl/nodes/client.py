@@ -95,6 +95,7 @@ class ClientRunner:
         self.progress = self.rounds.progress  # changed in place: loaded, saved, put back
         self.last_loss = 0.0
         self.finished = asyncio.Event()
+        self.failed = False  # a loop died and said so in its offline status
         self.work: asyncio.Queue[Received] = asyncio.Queue()
         self._healed = -HEAL_INTERVAL_S
         self.log = get_logger(run_id=config.run_id, client_id=client_id)
@@ -438,6 +439,7 @@ class ClientRunner:
             level = logging.DEBUG if isinstance(exc, MqttflError) else logging.ERROR
             self.log.log(level, "client.failed", error=error[:300])
             offline = Offline(self.client_id, f"failed: {error}"[:200]).encode(self.config.run_id)
+            self.failed = True  # run() then says no plain "exit" over this reason
             await self.bus.publish(
                 self.topics.status(self.client_id), offline, retain=True, timeout=5
             )
@@ -468,7 +470,7 @@ class ClientRunner:
             finally:
                 # Stopping for any reason: say so first, so the coordinator knows at once.
                 try:
-                    if self.bus.connected.is_set():
+                    if self.bus.connected.is_set() and not self.failed:
                         await self.bus.publish(
                             self.topics.status(self.client_id), offline, retain=True, timeout=5
                         )
