@@ -75,6 +75,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("reference_workers", False),
     Benchmark("device", False),
     Benchmark("many_clients", False),
+    Benchmark("simulation", False),
     Benchmark("install_roles", False),
     Benchmark("sense", False),
     Benchmark("sense_flood", False),
