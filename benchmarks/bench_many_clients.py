@@ -25,37 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, WORK, bench_main, log, read_jsonl, stats
+from benchmarks.common import REPO, WORK, bench_main, children_of, log, pss_mb, read_jsonl, stats
 from mqttfl.provisioning.local_broker import LocalBroker
 
 CONFIG = "configs/fedapa-csi.toml"
 SMALL = ["data.samples_per_client=40", "rounds=3", "federation.round_timeout_s=300"]
 SAMPLE_EVERY_S = 3.0
-
-
-def _pss_mb(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            for line in rollup:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _children_of(parent: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-            found.append(int(entry))
-    return found
 
 
 def _forked(count: int) -> dict[str, Any]:
@@ -76,12 +51,12 @@ def _forked(count: int) -> dict[str, Any]:
     victim = str(count // 2)
     logs = work / "logs"
     while run.poll() is None:
-        parents = [p for p in _children_of(run.pid) if _comm(p) != "mosquitto"]
+        parents = [p for p in children_of(run.pid) if _comm(p) != "mosquitto"]
         forker = next((p for p in parents if " -m mqttfl clients " in _cmdline(p)), None)
         if forker is not None:
-            clients = _children_of(forker)
-            sizes = [s for s in (_pss_mb(p) for p in clients) if s is not None]
-            parent_pss = _pss_mb(forker) or 0.0
+            clients = children_of(forker)
+            sizes = [s for s in (pss_mb(p) for p in clients) if s is not None]
+            parent_pss = pss_mb(forker) or 0.0
             if sizes:
                 totals.append(sum(sizes) + parent_pss)
                 if len(sizes) == count:
@@ -145,7 +120,7 @@ def _separate(count: int) -> dict[str, Any]:
         per_client: list[float] = []
         try:
             while procs[0].poll() is None:
-                sizes = [s for s in (_pss_mb(p.pid) for p in clients) if s is not None]
+                sizes = [s for s in (pss_mb(p.pid) for p in clients) if s is not None]
                 if sizes:
                     totals.append(sum(sizes))
                     if len(sizes) == count:

@@ -19,6 +19,7 @@ it sampled to evaluate). Ratios are mqttfl over Flower, medians of the runs.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -31,7 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_flower import bench_python, flower_available
-from benchmarks.common import REPO, WORK, bench_main, event_time, log, read_jsonl, stats
+from benchmarks.common import (
+    REPO,
+    WORK,
+    bench_main,
+    event_time,
+    log,
+    pss_mb,
+    read_jsonl,
+    stats,
+)
 
 CONFIG = "configs/fedapa-csi.toml"
 SHARD = ["method=fedavg", "data.samples_per_client=100"]
@@ -40,33 +50,19 @@ SIZES = {10: 10, 100: 10, 1000: 10}  # N -> clients training each round
 SAMPLE_EVERY_S = 1.0
 
 
-def _pss_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            for line in rollup:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-    return 0
-
-
 def _tree(root: int) -> list[int]:
-    """``root`` and every process below it."""
-    parents: dict[int, list[int]] = {}
+    """``root`` and every process below it, from one pass over /proc."""
+    below: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                below.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
     found, todo = [], [root]
     while todo:
         pid = todo.pop()
         found.append(pid)
-        todo.extend(parents.get(pid, []))
+        todo.extend(below.get(pid, []))
     return found
 
 
@@ -75,12 +71,12 @@ class PeakPss(threading.Thread):
 
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
         super().__init__(daemon=True)
-        self.process, self.peak_kb = process, 0
+        self.process, self.peak_mb = process, 0.0
 
     def run(self) -> None:
         while self.process.poll() is None:
-            total = sum(_pss_kb(pid) for pid in _tree(self.process.pid))
-            self.peak_kb = max(self.peak_kb, total)
+            total = sum(pss_mb(pid) or 0.0 for pid in _tree(self.process.pid))
+            self.peak_mb = max(self.peak_mb, total)
             time.sleep(SAMPLE_EVERY_S)
 
 
@@ -102,7 +98,7 @@ def _timed(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -
     return {
         "exit_code": process.returncode,
         "wall_s": round(wall, 1),
-        "peak_pss_mb": round(sampler.peak_kb / 1024, 1),
+        "peak_pss_mb": round(sampler.peak_mb, 1),
     }
 
 

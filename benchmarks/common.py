@@ -215,3 +215,30 @@ def intel5300_root(data: Any) -> Path:
     if not root.is_dir():
         raise FileNotFoundError(root)
     return Path(root)
+
+
+def pss_mb(pid: int) -> float | None:
+    """A process's proportional set size (MB), from /proc/<pid>/smaps_rollup; None if gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def children_of(parent: int) -> list[int]:
+    """The processes whose parent is ``parent``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            found.append(int(entry))
+    return found

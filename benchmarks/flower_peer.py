@@ -28,6 +28,27 @@ from pathlib import Path
 from typing import Any
 
 
+def train_round(model: Any, optimizer: Any, shard: Any, config: Any, t: int, cid: int) -> float:
+    """One round of an mqttfl FedAvg client's local training: cross-entropy over the
+    shard with the per-round batch order of ``[seed, samples, round, client]``."""
+    import numpy as np
+    import torch
+
+    from mqttfl.training.loops import train_epochs
+
+    rng = np.random.default_rng([config.seed, len(shard.y_train), t, cid])
+    return train_epochs(
+        model,
+        optimizer,
+        shard.x_train,
+        shard.y_train,
+        lambda logits, z, y: torch.nn.functional.cross_entropy(logits, y),
+        epochs=config.train.local_epochs,
+        batch_size=config.train.batch_size,
+        rng=rng,
+    )
+
+
 def serve(args: argparse.Namespace) -> int:
     import flwr
     from flwr.server import ServerConfig, start_server
@@ -85,7 +106,7 @@ def client(args: argparse.Namespace) -> int:
     from mqttfl.config import load_config
     from mqttfl.data.sources import load_client_shard
     from mqttfl.models import build_model
-    from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
+    from mqttfl.training.loops import make_optimizer, predict_logits
     from mqttfl.training.metrics import classification_report
 
     config = load_config(args.config, args.overrides)
@@ -127,17 +148,7 @@ def client(args: argparse.Namespace) -> int:
             t = int(config.get("server_round", 1))
             if t > 1:  # round 1 starts from the common seeded initialization, as in mqttfl
                 set_weights(parameters)
-            rng = np.random.default_rng([cfg.seed, len(shard.y_train), t, int(cid)])
-            loss = train_epochs(
-                model,
-                optimizer,
-                shard.x_train,
-                shard.y_train,
-                lambda logits, z, y: torch.nn.functional.cross_entropy(logits, y),
-                epochs=cfg.train.local_epochs,
-                batch_size=cfg.train.batch_size,
-                rng=rng,
-            )
+            loss = train_round(model, optimizer, shard, cfg, t, int(cid))
             return get_weights(), len(shard.y_train), {"train_loss": float(loss)}
 
         def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]) -> Any:

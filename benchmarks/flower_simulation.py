@@ -38,11 +38,12 @@ def simulate(args: argparse.Namespace) -> int:
     from flwr.serverapp.strategy import FedAvg
     from flwr.simulation import run_simulation
 
+    from benchmarks.flower_peer import train_round
     from mqttfl.algorithms.common.weights import float_entries
     from mqttfl.config import load_config
     from mqttfl.data.sources import load_client_shard
     from mqttfl.models import build_model
-    from mqttfl.training.loops import make_optimizer, predict_logits, train_epochs
+    from mqttfl.training.loops import make_optimizer, predict_logits
     from mqttfl.training.metrics import classification_report
 
     config = load_config(args.config, [*args.overrides, f"federation.num_clients={args.clients}"])
@@ -87,17 +88,7 @@ def simulate(args: argparse.Namespace) -> int:
         t = int(msg.content["config"]["server-round"])
         if t > 1:  # round 1 starts from the common seeded initialization, as in mqttfl
             load(model, msg.content["arrays"].to_numpy_ndarrays())
-        rng = np.random.default_rng([config.seed, len(shard.y_train), t, cid])
-        loss = train_epochs(
-            model,
-            make_optimizer(model, config.train),
-            shard.x_train,
-            shard.y_train,
-            lambda logits, z, y: torch.nn.functional.cross_entropy(logits, y),
-            epochs=config.train.local_epochs,
-            batch_size=config.train.batch_size,
-            rng=rng,
-        )
+        loss = train_round(model, make_optimizer(model, config.train), shard, config, t, cid)
         metrics = {"num-examples": len(shard.y_train), "train_loss": float(loss)}
         content = RecordDict(
             {"arrays": ArrayRecord(weights(model)), "metrics": MetricRecord(metrics)}
