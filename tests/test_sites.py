@@ -77,10 +77,19 @@ def test_a_site_going_dark_is_dropped_at_once_and_rejoins(
                 timeout=30,
                 what="site.down",
             )
-            dropped = [
-                e for e in fed.events(event="client.offline") if e["reason"] == "site kitchen down"
-            ]
-            assert {e["client"] for e in dropped} == set(SITES["kitchen"])
+            assert set(down["clients"]) == set(SITES["kitchen"])  # logged in one line
+
+            def dropped() -> set[str]:
+                reason = "site kitchen down"
+                return {
+                    e["client"] for e in fed.events(event="client.offline") if e["reason"] == reason
+                }
+
+            # one client.offline line per client follows site.down: wait for the last of them
+            fed.wait_for(
+                lambda: dropped() >= set(SITES["kitchen"]), timeout=10, what="the kitchen drops"
+            )
+            assert dropped() == set(SITES["kitchen"])
             after_outage = fed.last_closed() + 1
             fed.wait_round_closed(after_outage, timeout=60)
             back = time.time()
@@ -113,10 +122,13 @@ def test_a_site_going_dark_is_dropped_at_once_and_rejoins(
     later = [t for t in range(after_outage, ROUNDS + 1) if fed.started(t)]
     assert all(set(fed.started(t)[-1]["selected"]) >= set(SITES["lab"]) for t in later)
     rejoined_at = max(timestamp(e) for e in rejoined.values())
+    # a round's clients are chosen as the round before closes (``chosen_at``), which may
+    # be just before the kitchen was back though the round is announced just after
     back_in = [
         t
         for t in range(after_outage, ROUNDS + 1)
-        if fed.started(t) and timestamp(fed.started(t)[-1]) > rejoined_at
+        if fed.started(t)
+        and timestamp({"timestamp": fed.started(t)[-1]["chosen_at"]}) > rejoined_at
     ]
     assert back_in, "no round opened after the kitchen rejoined"
     assert set(fed.started(back_in[0])[-1]["selected"]) == set(clients)  # the kitchen is back
@@ -124,5 +136,8 @@ def test_a_site_going_dark_is_dropped_at_once_and_rejoins(
         "outage_to_dropped_s": round(timestamp(down) - killed, 3),
         "return_to_rejoined_s": round(rejoined_at - back, 3),
     }
-    assert figures["outage_to_dropped_s"] < 5
+    # The will fires as the bridge's connection closes, not after a keep-alive (60 s,
+    # Mosquitto's default for bridges) or the round's deadline (40 s): a bound under both,
+    # wide enough for a loaded machine; the figure itself is printed.
+    assert figures["outage_to_dropped_s"] < 20
     print("FIGURES sites", json.dumps(figures))
