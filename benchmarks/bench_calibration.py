@@ -14,13 +14,11 @@ session resemble each other far more than another session) or not.
   three recording days of client ``room``, windows of 64 packets on the ESP32 grid
   (``data.device=esp32``) and on each room's own NIC.
 
-And the gain a session holds (``levels``): per client and label, the coefficient of
-variation of the sessions' mean amplitude (between sessions), against that of the windows'
-mean amplitude inside a session (:func:`benchmarks.bench_session_drift.session_levels`),
-on ESPectre and on the simulated rooms of ``bench_sessions`` (session split, seed 0). The
-simulator's session level (``SESSION_LEVEL_SIGMA`` in ``mqttfl/data/synthetic.py``, a
-lognormal σ per recording day) is set so the rooms' between-session figure matches
-ESPectre's.
+And the level a session holds and how it wobbles (``levels``,
+:mod:`benchmarks.calibrate_rooms`), on raw amplitude: within a recording, the CV of its
+windows' mean amplitude; between the recordings of one chip (client) and label, the CV of
+their means; ESPectre's quiet rooms against the default job's empty rooms, and Local under
+the papers' split (on validation) against the paper's Local row.
 
 No recording of a seated crowd on several days is at hand, so the people-present rows
 have no real counterpart here; the ESP32 crowd set (3 sessions per room, kept
@@ -110,27 +108,40 @@ def simulator(device: str, counts: tuple[int, ...]) -> dict[str, Any]:
     return out
 
 
-def session_gain() -> dict[str, Any]:
-    """The ``levels`` of the module docstring for ESPectre and the simulated rooms."""
-    from benchmarks.bench_session_drift import session_levels
-    from benchmarks.bench_sessions import SOURCES, load
+def levels_and_local(quick: bool) -> dict[str, Any]:
+    """The targets and the figures reached: the level statistics on raw amplitude, real
+    (ESPectre) against the default job's rooms, and Local under the papers' split on
+    validation against the paper's Local row (:mod:`benchmarks.calibrate_rooms`)."""
+    import torch
+
+    from benchmarks.calibrate_rooms import TARGETS, espectre_levels, measure
     from mqttfl.data import synthetic
 
-    out: dict[str, Any] = {"simulator_level_sigma": synthetic.SESSION_LEVEL_SIGMA}
-    for name in ("espectre", "rooms"):
-        try:
-            _, shards = load(SOURCES[name], 0, "session", [])
-        except FileNotFoundError as missing:
-            out[name] = {"absent": str(missing)}
-            continue
-        out[name] = session_levels(shards)
-        log(f"session gain {name}: {out[name]}")
+    torch.set_num_threads(1)  # the same figures as calibrate_rooms' command line
+    real = espectre_levels()
+    reached = measure({}, [], train=not quick)
+    out: dict[str, Any] = {
+        "simulator": {
+            "session_level_sigma": synthetic.SESSION_LEVEL_SIGMA,
+            "window_level_sigma": synthetic.WINDOW_LEVEL_SIGMA,
+        },
+        "targets": {
+            "within_session_cv": {"empty": "ESPectre quiet", "people": "none recorded"},
+            "between_sessions_cv": {"empty": "ESPectre quiet", "people": "none recorded"},
+            **TARGETS,
+        },
+        "espectre": real if real is not None else {"absent": "no ESPectre recordings"},
+        "reached": reached,
+    }
+    if not quick:  # four times the default job's windows: the paper's difficulty
+        out["reached_1600_windows"] = measure({}, ["data.samples_per_client=1600"])
+    log(f"levels: real {real}; simulator {reached}")
     return out
 
 
 def run(quick: bool) -> dict[str, Any]:
     result = {
-        "levels": session_gain(),
+        "levels": levels_and_local(quick),
         "window": WINDOW,
         "real_espectre_quiet_room": real_espectre(),
         "simulator_empty_room_esp32": simulator("esp32", (0,)),
