@@ -7,11 +7,17 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+import os
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,6 +142,55 @@ def test_a_linked_cache_entry_is_not_trusted(
     with pytest.raises(DataError, match="cannot be written"):
         espectre_root()
     assert (elsewhere / "dataset_info.json").read_text() == "{}"  # the link's target untouched
+
+
+class _SlowHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves the mirror a file every half second: a fetch is caught in the middle."""
+
+    def do_GET(self) -> None:
+        time.sleep(0.5)
+        super().do_GET()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_fetch_killed_midway_leaves_nothing_for_the_next_one(
+    fresh: Path, mirror: Path, tmp_path: Path
+) -> None:
+    """kill -9 during a fetch: the cache holds no recordings (the folder is moved in whole),
+    and the next fetch removes the dead one's staging folder; a live fetch's is kept."""
+    handler = functools.partial(_SlowHandler, directory=str(mirror))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {
+        **os.environ,
+        "MQTTFL_SHARED_DATA": str(tmp_path / "no-shared-data"),
+        "MQTTFL_CACHE_DIR": str(fresh),
+        "MQTTFL_ESPECTRE_MIRROR": f"http://127.0.0.1:{server.server_address[1]}/",
+    }
+    code = "from mqttfl.data.espectre_files import espectre_root; espectre_root()"
+    fetcher = subprocess.Popen([sys.executable, "-c", code], env=env)
+    folder = fresh / "espectre"
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.is_file() for p in folder.glob(".fetching-*/**/*")):
+            assert fetcher.poll() is None, "the fetch ended before it could be killed"
+            assert time.monotonic() < deadline, "no staging folder appeared"
+            time.sleep(0.05)
+        fetcher.send_signal(signal.SIGKILL)
+        fetcher.wait()
+    finally:
+        server.shutdown()
+        server.server_close()
+    orphaned = [p for p in folder.iterdir() if p.name.startswith(".fetching-")]
+    assert orphaned
+    assert not (folder / ESPECTRE_COMMIT[:12]).exists()
+    live = folder / f".fetching-{os.getpid()}-live"  # this process: alive, so not touched
+    live.mkdir()
+    env["MQTTFL_ESPECTRE_MIRROR"] = str(mirror)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([ESPECTRE_COMMIT[:12], live.name])
 
 
 @pytest.mark.slow

@@ -65,6 +65,24 @@ FETCH_TIMEOUT_S = 60.0
 _MAX_FILE_BYTES = 8 << 20  # the largest recording is under 200 kB
 
 
+_STAGING = ".fetching-"  # + the fetching process's pid + "-" + a random tail
+
+
+def _remove_orphaned_staging(folder: Path) -> None:
+    """Remove the staging folders of fetches whose process is gone (killed mid-fetch);
+    a live fetch's folder, a link, or a name not of this form is left alone."""
+    for entry in folder.glob(f"{_STAGING}*"):
+        pid = entry.name[len(_STAGING) :].partition("-")[0]
+        if not pid.isdigit() or entry.is_symlink() or not entry.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry, ignore_errors=True)
+        except (PermissionError, OverflowError):
+            continue  # another user's live process, or no such pid at all: not ours to judge
+
+
 def cached_espectre() -> Path:
     return cache_root() / "espectre" / ESPECTRE_COMMIT[:12]
 
@@ -119,7 +137,8 @@ def fetch_espectre(target: Path, *, looked_in: Path | None = None) -> Path:
     )
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".fetching-", dir=target.parent))
+        _remove_orphaned_staging(target.parent)
+        staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING}{os.getpid()}-", dir=target.parent))
     except OSError as exc:
         raise DataError(target, f"cannot create the cache: {one_line(exc)}; {advice}") from None
     try:
