@@ -11,10 +11,14 @@ benchmarks/requirements.txt). Runs alternate (mqttfl, Flower, mqttfl, ...).
 Reported per side and N: wall time from process start to exit, seconds per round (the
 median interval between round ends), the peak of the summed PSS of the whole process
 tree (sampled every ``SAMPLE_EVERY_S``), and the final round's mean test accuracy over
-the clients that scored it (mqttfl: every client evaluates the downlink; Flower: the K
-it sampled to evaluate). Ratios are mqttfl over Flower, medians of the runs.
+the clients that scored it (mqttfl: every client scores the last round, and before it
+only the K that trained, ``federation.evaluate=when_trained``; Flower: the K it sampled
+to evaluate). Ratios are mqttfl over Flower, medians of the runs.
 
     python -m benchmarks.bench_simulation [--quick]     # --quick: N=10 only, one run each
+
+``BENCH_SIMULATION_SIZES=100`` runs only the sizes named, ``BENCH_SIMULATION_REPEATS=1``
+one run per side.
 """
 
 from __future__ import annotations
@@ -122,6 +126,9 @@ def run_mqttfl(n: int, k: int, index: int) -> dict[str, Any]:
         f"federation.min_clients={k}",
         "federation.join_timeout_s=1800",
         "federation.round_timeout_s=600",
+        # as Flower evaluates only the clients it samples: an idle client applies the
+        # downlink and scores nothing (every client scores the last round)
+        "federation.evaluate=when_trained",
     ]
     for item in overrides:
         argv += ["--set", item]
@@ -171,8 +178,9 @@ def run(quick: bool) -> dict[str, Any]:
     missing = flower_available()
     if missing is not None:
         return {"skipped": f"{missing}; install it as benchmarks/requirements.txt says"}
-    sizes = {10: SIZES[10]} if quick else SIZES
-    repeats = 1 if quick else 3
+    named = [int(v) for v in os.environ.get("BENCH_SIMULATION_SIZES", "").split(",") if v]
+    sizes = {10: SIZES[10]} if quick else {n: SIZES.get(n, min(10, n)) for n in named or SIZES}
+    repeats = 1 if quick else int(os.environ.get("BENCH_SIMULATION_REPEATS", "3"))
     results: dict[str, Any] = {}
     for n, k in sizes.items():
         sides: dict[str, list[dict[str, Any]]] = {"mqttfl": [], "flower": []}

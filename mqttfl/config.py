@@ -65,6 +65,11 @@ class FederationConfig(_Table):
     # "polynomial" (1+τ)^-staleness_exponent (FedAsync, Xie et al. 2019, Sec. 5.2), "constant" 1.
     staleness_weighting: Literal["fedbuff", "polynomial", "constant"] = "fedbuff"
     staleness_exponent: float = Field(0.5, gt=0.0, le=10.0)
+    # Which downlinks a client scores on its test split (and reports metrics for):
+    # "every_round", each one; "when_trained", only those of the rounds it trained in,
+    # and the last round's (every client), as a simulation evaluates only the clients it
+    # sampled: an idle client applies the downlink and does no more. Rounds mode only.
+    evaluate: Literal["every_round", "when_trained"] = "every_round"
     # Keys of [train] and [data] a device may set for itself, besides its data path and
     # thread count (mqttfl/nodes/manifest.py): e.g. ["train.local_epochs"] for devices
     # that train as long as their hardware allows. Every other key is the run's.
@@ -284,6 +289,12 @@ class RunConfig(BaseSettings):
     @model_validator(mode="after")
     def _check_buffer(self) -> RunConfig:
         fed = self.federation
+        if fed.mode == "buffered" and fed.evaluate != "every_round":
+            raise ConfigError(
+                "federation.evaluate",
+                "must be every_round in buffered mode (a client trains on whatever version "
+                "it holds, so there is no round it trained in to score)",
+            )
         if fed.mode == "buffered" and fed.buffer_size > fed.num_clients:
             raise ConfigError(
                 "federation.buffer_size",

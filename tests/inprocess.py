@@ -167,9 +167,14 @@ class Federation:
         t = close.round
         broadcast = read_downlink(close.payloads.broadcast, run_id=RUN, round=t, client="all")
         correct = []
+        trained = {u.client_id for u in self.uploads}
+        idle_score = self.config.federation.evaluate == "every_round" or t >= self.config.rounds
         for client in self.clients:
             cid = client.info.client_id
             if cid in self.ghosts | self.dead:
+                continue
+            if cid not in trained and not idle_score:  # as the runner: applies, no metrics
+                client.receive(t, dict(broadcast.body), None)
                 continue
             personal = None
             if cid in close.payloads.personal:

@@ -53,6 +53,23 @@ def test_the_coordinator_stops_selecting_a_spent_identity_and_ends_the_run() -> 
     assert fed.engine.state.retries == 0
 
 
+def test_a_run_that_ends_early_waits_only_for_the_clients_that_score_its_last_round() -> None:
+    """federation.evaluate = "when_trained": the idle clients of the last round send no
+    metrics for it, so an early end waits only for those who uploaded in it."""
+    federation = {"fraction": 0.5, "min_clients": 2, "evaluate": "when_trained"}
+    fed = Federation(
+        "fedavg", clients=4, rounds=10, arch="tiny", privacy=two_uploads(), federation=federation
+    )
+    fed.round(4)  # two uploads a round, two per client: every budget spent after round 4
+    closed = fed.clock.now
+    fed.run()
+    assert fed.summary is not None
+    assert fed.summary.ended_early == "privacy budgets spent after round 4 of 10"
+    seen = fed.engine.metrics_seen[4]
+    assert len(seen) == 2  # the two that trained in it
+    assert fed.clock.now == closed  # not a second of final_metrics_timeout_s waited out
+
+
 def test_an_upload_past_the_coordinators_count_is_refused_over_budget() -> None:
     """A device that reset its own count (its state wiped) is refused by ours."""
     fed = Federation("fedapa", clients=2, rounds=3, arch="tiny", privacy=two_uploads())

@@ -395,10 +395,22 @@ class ClientRunner:
         if self.rounds.done:
             self.finished.set()
 
+    def _scores(self, t: int) -> bool:
+        """Whether round t's downlink is scored and reported (federation.evaluate)."""
+        fed = self.config.federation
+        if fed.evaluate == "every_round":
+            return True
+        return t == self.progress.trained_round or t >= self.config.rounds
+
     async def _apply(self, t: int, pending: PendingDownlink) -> None:
         assert pending.broadcast is not None
         personal = dict(pending.personal.body) if pending.personal is not None else None
         self.method.receive(t, dict(pending.broadcast.body), personal)
+        if not self._scores(t):
+            self.rounds.applied(t)
+            await self.state_file.save(self.model, self.method, self.progress)
+            self.log.debug("downlink.applied", round=t, scored=False)
+            return
         predicted = await self._off_loop(self.method.predict, self.shard.x_test)
         report = classification_report(self.shard.y_test, predicted)
         extra = await self._off_loop(
