@@ -18,7 +18,7 @@ to evaluate). Ratios are mqttfl over Flower, medians of the runs.
     python -m benchmarks.bench_simulation [--quick]     # --quick: N=10 only, one run each
 
 ``BENCH_SIMULATION_SIZES=100`` runs only the sizes named, ``BENCH_SIMULATION_REPEATS=1``
-one run per side.
+one run per side, ``BENCH_SIMULATION_FLEETS=2`` that many fleets for mqttfl.
 """
 
 from __future__ import annotations
@@ -115,7 +115,9 @@ def run_mqttfl(n: int, k: int, index: int) -> dict[str, Any]:
     out = WORK / "simulation" / f"mqttfl-{n}-{index}"
     subprocess.run(["rm", "-rf", str(out)], check=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fleets = max(1, min(8, n // 100 or 1))
+    # a fleet per core (they build their clients in parallel), more above 100 clients each
+    default = min(8, n, max(os.cpu_count() or 1, n // 100))
+    fleets = int(os.environ.get("BENCH_SIMULATION_FLEETS") or default)
     argv = [sys.executable, "-m", "mqttfl", "run", CONFIG, "--plain", "--no-local-reference"]
     argv += ["--out", str(out), "--fleets", str(fleets)]
     overrides = [
