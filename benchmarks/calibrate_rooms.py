@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -63,40 +64,46 @@ def set_knobs(knobs: dict[str, float]) -> None:
             )
 
 
+def _client_windows(shards: list[dict[str, Any]]) -> Iterator[tuple[Any, Any, Any]]:
+    """Per client, all its windows (train and test), their session ids and labels."""
+    for federation in shards:
+        for s in federation.values():
+            yield (
+                np.concatenate([s.x_train, s.x_test]),
+                np.concatenate([s.s_train, s.s_test]),
+                np.concatenate([s.y_train, s.y_test]),
+            )
+
+
+def _medians(cvs: dict[str, list[float]]) -> dict[str, float]:
+    return {k: round(float(np.median(v)), 4) for k, v in cvs.items() if v}
+
+
 def within_session(shards: list[dict[str, Any]]) -> dict[str, float]:
     """Per (client, session, label), the CV of the windows' mean amplitude; medians over
     the empty room (label 0) and over rooms with people (labels >= 1)."""
     cvs: dict[str, list[float]] = {"empty": [], "people": []}
-    for federation in shards:
-        for s in federation.values():
-            x = np.concatenate([s.x_train, s.x_test])
-            ids = np.concatenate([s.s_train, s.s_test])
-            y = np.concatenate([s.y_train, s.y_test])
-            for k in np.unique(ids):
-                for c in np.unique(y[ids == k]):
-                    rows = x[(ids == k) & (y == c)]
-                    if len(rows) < 3:
-                        continue
-                    level = rows.mean(axis=tuple(range(1, rows.ndim)))
-                    cvs["empty" if c == 0 else "people"].append(float(level.std() / level.mean()))
-    return {k: round(float(np.median(v)), 4) for k, v in cvs.items() if v}
+    for x, ids, y in _client_windows(shards):
+        for k in np.unique(ids):
+            for c in np.unique(y[ids == k]):
+                rows = x[(ids == k) & (y == c)]
+                if len(rows) < 3:
+                    continue
+                level = rows.mean(axis=tuple(range(1, rows.ndim)))
+                cvs["empty" if c == 0 else "people"].append(float(level.std() / level.mean()))
+    return _medians(cvs)
 
 
 def between_sessions(shards: list[dict[str, Any]]) -> dict[str, float]:
     """Per client and label, the CV of its sessions' mean amplitudes; medians over the
     empty room (label 0) and over rooms with people (labels >= 1)."""
     cvs: dict[str, list[float]] = {"empty": [], "people": []}
-    for federation in shards:
-        for s in federation.values():
-            x = np.concatenate([s.x_train, s.x_test])
-            ids = np.concatenate([s.s_train, s.s_test])
-            y = np.concatenate([s.y_train, s.y_test])
-            for c in np.unique(y):
-                means = [float(x[(ids == k) & (y == c)].mean()) for k in np.unique(ids[y == c])]
-                if len(means) > 1:
-                    key = "empty" if c == 0 else "people"
-                    cvs[key].append(float(np.std(means) / np.mean(means)))
-    return {k: round(float(np.median(v)), 4) for k, v in cvs.items() if v}
+    for x, ids, y in _client_windows(shards):
+        for c in np.unique(y):
+            means = [float(x[(ids == k) & (y == c)].mean()) for k in np.unique(ids[y == c])]
+            if len(means) > 1:
+                cvs["empty" if c == 0 else "people"].append(float(np.std(means) / np.mean(means)))
+    return _medians(cvs)
 
 
 def local_scores(seed: int, overrides: list[str]) -> dict[str, float]:
@@ -170,8 +177,8 @@ def espectre_levels() -> dict[str, Any] | None:
             if len(means) > 1:
                 between[kind].append(float(np.std(means) / np.mean(means)))
     return {
-        "within_session_cv": {k: round(float(np.median(v)), 4) for k, v in within.items() if v},
-        "between_sessions_cv": {k: round(float(np.median(v)), 4) for k, v in between.items()},
+        "within_session_cv": _medians(within),
+        "between_sessions_cv": _medians(between),
     }
 
 

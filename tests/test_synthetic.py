@@ -143,7 +143,7 @@ def test_a_recording_day_holds_one_gain_for_every_count(monkeypatch: pytest.Monk
 def test_an_empty_room_wobbles_from_window_to_window_as_a_quiet_recording_does() -> None:
     """Within one day, an empty room's windows differ in mean amplitude by about
     WINDOW_LEVEL_SIGMA (the gain's wobble), as ESPectre's quiet recordings do (CV 0.011,
-    benchmarks/calibrate_rooms.py); without it the simulated figure was 0.003."""
+    benchmarks/calibrate_rooms.py); without it an empty room measures 0.003."""
     from mqttfl.data import synthetic
 
     room = room_profile(3, seed=0, device="esp32")
