@@ -23,7 +23,7 @@ from mqttfl.privacy.accountant import (
     privacy_settings,
 )
 from mqttfl.privacy.mechanism import clip_vector, noise_ratio, private_update
-from mqttfl.wire.control import Offline, read_status
+from mqttfl.wire.control import Metrics, Offline, read_metrics, read_status
 from tests.helpers import mqttfl
 from tests.inprocess import RUN, Federation
 
@@ -68,6 +68,45 @@ def test_a_run_that_ends_early_waits_only_for_the_clients_that_score_its_last_ro
     seen = fed.engine.metrics_seen[4]
     assert len(seen) == 2  # the two that trained in it
     assert fed.clock.now == closed  # not a second of final_metrics_timeout_s waited out
+
+
+def test_a_resumed_coordinator_that_ends_early_waits_for_its_last_rounds_uploaders() -> None:
+    """Who uploaded in the last closed round travels in the checkpoint: a coordinator
+    restarted before their metrics of it arrived waits for those two, and no longer."""
+    federation = {"fraction": 0.5, "min_clients": 2, "evaluate": "when_trained"}
+
+    def coordinator(state: RunState | None = None) -> Federation:
+        return Federation(
+            "fedavg",
+            clients=4,
+            rounds=10,
+            arch="tiny",
+            privacy=two_uploads(),
+            federation=federation,
+            state=state,
+        )
+
+    fed = coordinator()
+    fed.round(4)  # every budget spent after round 4
+    uploaders = sorted(u.client_id for u in fed.uploads)
+    saved = fed.engine.state.to_dict(fed.config)
+    state = RunState.from_dict(saved, fed.config, source="checkpoint.msgpack")
+    assert state.last_uploaders == uploaders
+    resumed = coordinator(state)
+    for _ in range(100):
+        if resumed.engine.phase is Phase.FINAL:
+            break
+        resumed.step()
+    assert resumed.engine.phase is Phase.FINAL
+    at = resumed.clock.now
+    for n, client in enumerate(uploaders):
+        assert resumed.engine.step() == []  # still waiting for `client`'s metrics
+        raw = Metrics(4, client, {"accuracy": 0.5, "f1": 0.5, "mae": 0.0}).encode(RUN)
+        resumed.engine.on_metrics(read_metrics(raw, run_id=RUN, round=4, client=client))
+        assert not resumed.engine.finished or n == len(uploaders) - 1
+    resumed.run()
+    assert resumed.summary is not None
+    assert resumed.clock.now == at  # finished on the second report, no timeout waited out
 
 
 def test_an_upload_past_the_coordinators_count_is_refused_over_budget() -> None:

@@ -54,6 +54,7 @@ def _state() -> RunState:
         downlinks=DownlinkPayloads(b"broadcast", {"0": b"mine"}),
         clients=["1", "0"],
         uploads=Counter({"0": 3, "1": 3}),
+        last_uploaders=["0", "1"],
     )
 
 
@@ -231,6 +232,7 @@ def test_the_checkpoint_round_trips_through_its_file(tmp_path: Path) -> None:
     assert again.to_dict(CONFIG) == state.to_dict(CONFIG)
     assert again.downlinks == state.downlinks
     assert again.clients == ["0", "1"]
+    assert again.last_uploaders == ["0", "1"]
 
 
 def test_a_checkpoint_from_before_versions_is_read() -> None:
@@ -250,6 +252,8 @@ def test_a_checkpoint_of_a_newer_version_or_another_run_is_refused() -> None:
         checkpoint_from_map({**saved, "run_id": "other"}, "ckpt", run_id=CONFIG.run_id, method="x")
     with pytest.raises(DataError, match="'retries' is not a count"):
         RunState.from_dict({**saved, "retries": True}, CONFIG, source="ckpt")
+    with pytest.raises(DataError, match="'last_uploaders' is not a list of client ids"):
+        RunState.from_dict({**saved, "last_uploaders": ["a/b"]}, CONFIG, source="ckpt")
 
 
 # --- compare.json ----------------------------------------------------------------------------

@@ -365,6 +365,7 @@ class Checkpoint(_Document):
     downlink_payloads: SavedDownlinks | None = None
     clients: list[str] = []
     uploads: dict[str, Annotated[StrictInt, Field(ge=0, le=2**62)]] = {}
+    last_uploaders: list[Name] = []  # whose uploads round `round` took
     buffered: dict[str, object] = {}  # buffered mode: the buffer, sets and versions
     instance: Annotated[str, Field(pattern="^[0-9a-f]{0,32}$")] = ""  # "": a new one on resume
     parts: dict[Name, ClientPart] = {}
@@ -388,6 +389,7 @@ class Checkpoint(_Document):
             else {"broadcast": saved.broadcast, "personal": saved.personal},
             "clients": self.clients,
             "uploads": self.uploads,
+            **({"last_uploaders": self.last_uploaders} if self.last_uploaders else {}),
             **({"buffered": self.buffered} if self.buffered else {}),
             **({"instance": self.instance} if self.instance else {}),
             **({"parts": {c: p.model_dump() for c, p in self.parts.items()}} if self.parts else {}),
@@ -406,6 +408,7 @@ _CHECKPOINT_FIELDS = {
     "downlink_payloads": "are not the encoded downlinks",
     "buffered": "is not a map",
     "clients": "is not a list of client ids",
+    "last_uploaders": "is not a list of client ids",
 }
 
 
@@ -510,11 +513,5 @@ def compare_bytes(document: CompareDocument) -> bytes:
 
 def read_compare(path: Path) -> CompareDocument:
     """A compare.json; DataError naming it and the first thing wrong."""
-    return _validated(
-        CompareDocument,
-        read_json(path),
-        path,
-        COMPARE_VERSION,
-        "compare result",
-        "the compare result",
-    )
+    what = "compare result"
+    return _validated(CompareDocument, read_json(path), path, COMPARE_VERSION, what, f"the {what}")

@@ -91,7 +91,6 @@ class RoundEngine(Roster):
         self.round = self.state.round + 1
         self.attempt = 1
         self.selected: list[str] = []
-        self.last_uploaders: set[str] = set()  # whose uploads the last closed round took
         self.acked: set[str] = set()
         self.refused = Refusals()  # selected clients of this round that will not upload
         self.announcement = 0
@@ -353,7 +352,8 @@ class RoundEngine(Roster):
             last = self.state.round
             expected = set(self.live())
             if self.fed.evaluate == "when_trained" and last < self.config.rounds:
-                expected &= self.last_uploaders  # ended early: only they score round `last`
+                # ended early: only who uploaded in it score round `last` (kept across resumes)
+                expected &= set(self.state.last_uploaders)
             reported = expected <= self.metrics_seen.get(last, set())
             if not reported and now < self.phase_until:
                 return False
@@ -467,7 +467,7 @@ class RoundEngine(Roster):
                 "upload.missing", round=t, client=client, online=self.clients[client].online
             )
         downlinks = aggregate_checked(self.server, t, uploads, self.state.rejections, self.log)
-        self.last_uploaders = set(self.gate.accepted)
+        state.last_uploaders = sorted(self.gate.accepted, key=client_order)
         state.uploads.update(self.gate.accepted_bytes.keys())  # the accountant's count
         self.count_round(self.gate.selected, set(self.gate.accepted))
         for size in self.gate.accepted_bytes.values():

@@ -68,6 +68,7 @@ class RunState:
     downlinks: DownlinkPayloads | None = None
     clients: list[str] = field(default_factory=list)  # registered at the last close
     uploads: Counter[str] = field(default_factory=Counter)  # accepted, per client
+    last_uploaders: list[str] = field(default_factory=list)  # whose uploads round `round` took
     # federation.mode = "buffered": the buffer, latest sets and versions (engine/buffered.py)
     buffered: dict[str, object] = field(default_factory=dict)
     # This run of the run id: made when it starts afresh, kept across resumes, published
@@ -95,6 +96,7 @@ class RunState:
             ),
             clients=sorted(self.clients, key=client_order),
             uploads=dict(self.uploads),
+            last_uploaders=sorted(self.last_uploaders, key=client_order),
             buffered=self.buffered,
             instance=self.instance,
             parts={c: ClientPart.model_construct(**p.to_map()) for c, p in self.parts.items()},
@@ -123,6 +125,7 @@ class RunState:
             else DownlinkPayloads(downlinks.broadcast, dict(downlinks.personal)),
             clients=list(saved.clients),
             uploads=Counter(saved.uploads),
+            last_uploaders=list(saved.last_uploaders),
             buffered=dict(saved.buffered),
             instance=saved.instance or new_instance(),
             parts={c: Part(**p.model_dump()) for c, p in saved.parts.items()},
