@@ -71,6 +71,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("sessions", False),
     Benchmark("session_drift", False, result="session-drift"),
     Benchmark("session_selection", False),
+    Benchmark("method_choice", False),
     Benchmark("buffered", False),
     Benchmark("reference_workers", False),
     Benchmark("device", False),
