@@ -131,7 +131,7 @@ def counts(root: Path) -> dict[str, Any]:
 
 
 def run(quick: bool, root: Path = REPO) -> dict[str, Any]:
-    return {"what": "static counts of issue 34's audit", "root": str(root), **counts(root)}
+    return {"what": "static counts of the house audit", "root": str(root), **counts(root)}
 
 
 if __name__ == "__main__":

@@ -347,7 +347,7 @@ def run(quick: bool) -> dict[str, Any]:
         f"{result['dropped']}; next reading {resume['next_reading_s']} s, fresh {fresh} s "
         f"after the flood; exit {result['exit']}; load {os.getloadavg()[0]:.1f}"
     )
-    return {"what": "mqttfl sense flooded at 10,000 frames/s (issue 30, attack 8)", **result}
+    return {"what": "mqttfl sense flooded at 10,000 frames/s", **result}
 
 
 def main() -> None:
