@@ -39,6 +39,9 @@ SETS = [
         "federation.num_clients=2",
         "federation.min_clients=2",
         "federation.join_timeout_s=900",  # the live coordinator outlives the module
+        # A refusal comes at once, whatever this bound; on two cores starved by other work a
+        # forked client took over the default 10 s to connect at all, and gave up unrefused.
+        "broker.connect_timeout_s=120",
     )
     for arg in ("--set", setting)
 ]
