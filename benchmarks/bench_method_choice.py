@@ -72,16 +72,10 @@ def summary(
     return out
 
 
-def _listed(name: str, default: list[str]) -> list[str]:
-    import os
-
-    return [v for v in os.environ.get(name, "").split(",") if v] or default
-
-
 def run(quick: bool) -> dict[str, Any]:
     import torch
 
-    from benchmarks.bench_sessions import SOURCES, score
+    from benchmarks.bench_sessions import SOURCES, _listed, score
 
     torch.set_num_threads(1)
     source = SOURCES[SOURCE]
