@@ -78,6 +78,25 @@ def write_atomic(path: Path, data: bytes, *, sync: bool = True, mode: int = 0o66
         _sync_dir(path.parent)
 
 
+def keep_copy(path: Path, copy: Path) -> None:
+    """Make ``copy`` hold ``path``'s bytes, replacing it in one step, while ``path`` stays
+    where it is: a reader never finds neither. A hard link where the file system has them,
+    else a copy. A symbolic link at either name is refused (:class:`FileError`)."""
+    for name in (path, copy):
+        if os.path.islink(name):
+            raise link_refused(name)
+    tmp = copy.with_name(f".{copy.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        try:
+            os.link(path, tmp, follow_symlinks=False)
+        except OSError:  # no hard links here (FAT, some network mounts)
+            write_atomic(tmp, read_bytes(path), sync=False)
+        os.replace(tmp, copy)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def _sync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:

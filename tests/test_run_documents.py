@@ -27,7 +27,7 @@ from mqttfl.engine.documents import (
 )
 from mqttfl.engine.journal import Journal
 from mqttfl.engine.state import RunState, run_summary
-from mqttfl.errors import DataError, StateError
+from mqttfl.errors import DataError, FileError, StateError
 from mqttfl.wire.codec import pack_data, unpack_data
 from mqttfl.wire.control import Metrics
 from mqttfl.wire.downlinks import DownlinkPayloads
@@ -233,6 +233,47 @@ def test_the_checkpoint_round_trips_through_its_file(tmp_path: Path) -> None:
     assert again.downlinks == state.downlinks
     assert again.clients == ["0", "1"]
     assert again.last_uploaders == ["0", "1"]
+
+
+def test_a_checkpoint_being_replaced_is_always_readable_under_its_own_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process killed while the next checkpoint is written (buffered mode writes one per
+    upload) leaves checkpoint.msgpack in place, the previous one beside it."""
+    import mqttfl.engine.journal as journal_module
+    from mqttfl import files
+
+    journal = Journal(tmp_path)
+    first, second = _state().to_dict(CONFIG), {**_state().to_dict(CONFIG), "round": 4}
+    journal.save_checkpoint(first)
+    seen: list[Any] = []
+
+    def observed(path: Path, data: bytes, **kwargs: Any) -> None:
+        if path == journal.checkpoint_path:  # the instant before the new one lands
+            seen.append(unpack_data(path.read_bytes()) if path.exists() else None)
+            seen.append(unpack_data(journal.previous_checkpoint_path.read_bytes()))
+        files.write_atomic(path, data, **kwargs)
+
+    monkeypatch.setattr(journal_module, "write_atomic", observed)
+    journal.save_checkpoint(second)
+    assert seen == [first, first]
+    assert unpack_data(journal.checkpoint_path.read_bytes()) == second
+    assert unpack_data(journal.previous_checkpoint_path.read_bytes()) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint.msgpack",
+        "checkpoint.prev.msgpack",
+    ]
+
+
+def test_a_checkpoint_set_aside_never_follows_a_link(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    journal.save_checkpoint(_state().to_dict(CONFIG))
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"the user's file")
+    journal.previous_checkpoint_path.symlink_to(target)
+    with pytest.raises(FileError, match=r"checkpoint\.prev\.msgpack"):
+        journal.save_checkpoint(_state().to_dict(CONFIG))
+    assert target.read_bytes() == b"the user's file"
 
 
 def test_a_checkpoint_from_before_versions_is_read() -> None:

@@ -11,7 +11,6 @@ naming it, never a traceback in a report, an export or a resume.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,15 @@ from mqttfl.engine.documents import (
     summary_bytes,
 )
 from mqttfl.errors import DataError
-from mqttfl.files import JsonLines, append_line, one_line, read_bytes, sync_file, write_atomic
+from mqttfl.files import (
+    JsonLines,
+    append_line,
+    keep_copy,
+    one_line,
+    read_bytes,
+    sync_file,
+    write_atomic,
+)
 from mqttfl.wire.codec import pack_data, unpack_data
 from mqttfl.wire.ids import client_order
 
@@ -47,10 +54,11 @@ class Journal:
 
     def save_checkpoint(self, state: dict[str, Any], *, sync: bool = True) -> None:
         """The new checkpoint; the one it replaces stays as the previous one (a fallback
-        should the new one ever not decode)."""
+        should the new one ever not decode). At every instant one of them is the newest
+        saved state under its own name: the old one is kept before the new one replaces it."""
         data = pack_data(state)
         if self.checkpoint_path.exists():
-            os.replace(self.checkpoint_path, self.previous_checkpoint_path)
+            keep_copy(self.checkpoint_path, self.previous_checkpoint_path)
         write_atomic(self.checkpoint_path, data, sync=sync)
 
     def sync_checkpoint(self) -> None:
