@@ -56,7 +56,7 @@ JOBS = {
 
 
 def _config(path: str, overrides: list[str]) -> RunConfig:
-    return load_config(path, ["train.torch_threads=1", *overrides])
+    return load_config(path, ["method=fedapa", "train.torch_threads=1", *overrides])
 
 
 def _costs(path: str, shards: dict[str, Any], slow: tuple[str, ...]) -> dict[str, float]:

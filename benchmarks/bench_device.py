@@ -48,7 +48,7 @@ def _shared_data() -> Path:
 
 
 def _jobs() -> list[tuple[str, str, list[str]]]:
-    jobs: list[tuple[str, str, list[str]]] = [("default job", DEFAULT_JOB, [])]
+    jobs: list[tuple[str, str, list[str]]] = [("default job", DEFAULT_JOB, ["method=fedapa"])]
     if (_shared_data() / "espectre").is_dir():
         jobs.append(("espectre", ESPECTRE, [f"data.path={_shared_data()}"]))
     return jobs

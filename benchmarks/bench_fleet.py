@@ -98,7 +98,7 @@ class MemorySampler(threading.Thread):
 
 def _mqttfl_run(out: Path, overrides: list[str], fleets: int | None) -> tuple[dict[str, Any], Any]:
     cmd = [sys.executable, "-m", "mqttfl", "run", CONFIG, "--out", str(out)]
-    cmd += [arg for item in overrides for arg in ("--set", item)]
+    cmd += [arg for item in ["method=fedapa", *overrides] for arg in ("--set", item)]
     if fleets:
         cmd += ["--fleets", str(fleets)]
     began = time.time()

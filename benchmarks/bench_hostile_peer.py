@@ -237,7 +237,9 @@ def run_attack(
         f"federation.round_timeout_s={attack.round_timeout_s}",
         "federation.final_metrics_timeout_s=10",
     ]
-    config = load_config("configs/fedapa-csi.toml", [*overrides, "model.name=tiny"])
+    config = load_config(
+        "configs/fedapa-csi.toml", ["method=fedapa", *overrides, "model.name=tiny"]
+    )
     make: Callable[[int, int], Message_] = status_flips
     if attack.name == "uploads":
         make = wrong_rounds(config.model.num_classes, config.model.embed_dim)

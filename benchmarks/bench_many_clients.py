@@ -29,7 +29,12 @@ from benchmarks.common import REPO, WORK, bench_main, children_of, log, pss_mb, 
 from mqttfl.provisioning.local_broker import LocalBroker
 
 CONFIG = "configs/fedapa-csi.toml"
-SMALL = ["data.samples_per_client=40", "rounds=3", "federation.round_timeout_s=300"]
+SMALL = [
+    "method=fedapa",
+    "data.samples_per_client=40",
+    "rounds=3",
+    "federation.round_timeout_s=300",
+]
 SAMPLE_EVERY_S = 3.0
 
 

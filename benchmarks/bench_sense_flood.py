@@ -307,7 +307,7 @@ def export_model() -> Path:
     run, export = WORK / "sense-flood", WORK / "sense-flood-export"
     argv = [sys.executable, "-m", "mqttfl", "run", "configs/fedapa-csi.toml", "--out", str(run)]
     argv.append("--no-local-reference")
-    for item in FEDERATION:
+    for item in ["method=fedapa", *FEDERATION]:
         argv += ["--set", item]
     subprocess.run(argv, check=True, cwd=REPO, capture_output=True, timeout=1800)
     export_argv = [sys.executable, "-m", "mqttfl", "export", str(run), "--client", "0"]

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from mqttfl.config import load_config
 from mqttfl.provisioning.broker_init import read_env_file
 from mqttfl.provisioning.local_broker import LocalBroker, free_port
 from tests.helpers import FAST, REPO
@@ -349,7 +350,8 @@ def test_the_deployment_ends_with_the_result_table_and_a_report_with_local(
     played: Deployment,
 ) -> None:
     first = played.seen["coordinator"]
-    assert f"fedapa on run {RUN}: 1 rounds" in first.text
+    method = load_config(CONFIG).method  # the default job's, whichever it is
+    assert f"{method} on run {RUN}: 1 rounds" in first.text
     assert re.search(r"client\s+accuracy\s+local\s+gain", first.text), first.text[-3000:]
     assert re.search(r"^\s+mean\s+[\d.]+\s+[\d.]+\s+[+-][\d.]+", first.text, re.M)
     out = played.work / "coordinator" / "run"

@@ -36,9 +36,16 @@ HALL = SensorTopics("hall")
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """FedAPA on the synthetic rooms, every room on an ESP32 (64 subcarriers): client 0."""
+    """FedAPA on the synthetic rooms, every room on an ESP32 (64 subcarriers): client 0.
+    FedAPA's plain export (``x`` in, scores out); FedAPA-S's adaptive one is test_sense_adapt's."""
     out = tmp_path_factory.mktemp("sensor-identity")
-    overrides = [*FAST, "rounds=2", "federation.num_clients=2", "data.device=esp32"]
+    overrides = [
+        *FAST,
+        "method=fedapa",
+        "rounds=2",
+        "federation.num_clients=2",
+        "data.device=esp32",
+    ]
     _, export = run_and_export(out, "configs/fedapa-csi.toml", overrides, "0")
     return export
 
