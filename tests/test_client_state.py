@@ -172,3 +172,66 @@ def test_a_state_that_is_not_this_runs_is_set_aside(
     assert reason in event["reason"]
     assert not path.exists()
     assert path.with_name(path.name + ".discarded").exists()
+
+
+def test_the_fresh_state_is_built_again_as_the_client_was_built(tmp_path: Path) -> None:
+    """A client keeps no copy of its initial model: the state it starts afresh from is
+    built again when needed, and is the model it was built with (``config.seed``)."""
+    from mqttfl.bus.address import BrokerAddress
+    from mqttfl.data.sources import run_client_shard
+    from mqttfl.nodes.client import ClientRunner
+
+    config = load_config(CONFIG, ["model.name=tiny", "data.samples_per_client=30"])
+    shard = run_client_shard(config, "0")
+    runner = ClientRunner(config, "0", BrokerAddress("127.0.0.1", 1), shard, state_dir=tmp_path)
+    initial = {k: v.clone() for k, v in runner.model.state_dict().items()}
+    assert runner.state_file.fresh is not None
+    with torch.no_grad():
+        for parameter in runner.model.parameters():
+            parameter.add_(1.0)  # as training moves it
+    runner.progress.trained_round = runner.progress.applied_round = 4
+    fresh = runner.state_file.fresh()
+    assert fresh["model"].keys() == initial.keys()
+    assert all(torch.equal(fresh["model"][k], initial[k]) for k in initial)
+    assert (fresh["trained_round"], fresh["applied_round"], fresh["instance"]) == (0, 0, "")
+    StateFile.restore(fresh, runner.model, runner.method, runner.progress)
+    assert all(torch.equal(runner.model.state_dict()[k], initial[k]) for k in initial)
+    assert runner.progress.trained_round == 0
+
+
+def test_a_state_that_does_not_load_puts_back_what_the_owner_builds(tmp_path: Path) -> None:
+    path = state_path(tmp_path, "fedapa-csi", "0")
+    path.parent.mkdir(parents=True)
+    model = torch.nn.Linear(1, 1)
+
+    @dataclass
+    class Method:  # what restore() touches of a method's client side
+        optimizer: torch.optim.Optimizer = field(
+            default_factory=lambda: torch.optim.SGD(model.parameters(), lr=0.1)
+        )
+
+        def state_dict(self) -> dict[str, Any]:
+            return {}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            pass
+
+    method = Method()
+    saved = StateFile.snapshot(model, cast(Any, method), Progress(trained_round=3))
+    torch.save({**saved, "model": {"weight": torch.zeros(3, 3), "bias": torch.zeros(3)}}, path)
+    built: list[int] = []
+
+    def fresh() -> dict[str, Any]:
+        built.append(1)
+        state = StateFile.snapshot(model, cast(Any, method), Progress())
+        weights = cast(dict[str, torch.Tensor], state["model"])
+        return {**state, "model": {k: torch.full_like(v, 7.0) for k, v in weights.items()}}
+
+    state_file = StateFile(path)
+    state_file.fresh = fresh
+    progress = Progress()
+    assert not state_file.load(model, cast(Any, method), progress)  # a size mismatch
+    assert built == [1]
+    assert all(bool(v.eq(7.0).all()) for v in model.state_dict().values())
+    assert progress.trained_round == 0
+    assert path.with_name(path.name + ".discarded").exists()

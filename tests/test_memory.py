@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from mqttfl.models import EmbeddingModel, build_model
-from mqttfl.training.loops import embed_all, predict_logits
+from mqttfl.training.loops import embed_all, predict_logits, train_epochs
 from mqttfl.training.memory import (
     EVAL_ACTIVATION_BYTES,
     MAX_EVAL_BATCH,
@@ -61,3 +61,24 @@ def test_release_and_resident_figures() -> None:
     release()
     rss, peak = resident_mb()
     assert 0 < rss <= peak
+
+
+def test_training_leaves_no_gradients_held() -> None:
+    """A client waits most of a round: its gradients (a model's worth) are freed when its
+    training ends, and the next training step makes them again."""
+    model = _model("tiny")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 64, 242)).astype(np.float32)
+    y = rng.integers(0, 21, size=8)
+
+    def loss_fn(
+        logits: torch.Tensor, embedding: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits, labels)
+
+    before = [p.detach().clone() for p in model.parameters()]
+    train_epochs(model, optimizer, x, y, loss_fn, epochs=1, batch_size=4, rng=rng)
+    assert all(p.grad is None for p in model.parameters())
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    assert optimizer.state  # the momentum stays: it is the method's state, not a temporary

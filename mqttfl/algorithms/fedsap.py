@@ -387,6 +387,7 @@ class FedSAPClient(PrototypeClient):
                 total += float(loss.detach()) * n
                 count += n
             mean = total / max(count, 1)
+        self.optimizer.zero_grad(set_to_none=True)  # a waiting client holds no gradients
         get_logger().info("fedsap.pseudo_labels", round=t, seen=seen, accepted=accepted)
         return mean
 

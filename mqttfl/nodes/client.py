@@ -40,7 +40,7 @@ from mqttfl.logs import get_logger
 from mqttfl.nodes import client_privacy
 from mqttfl.nodes.client_inbox import PendingDownlink, Received, read_for_client
 from mqttfl.nodes.client_machine import ClientRounds
-from mqttfl.nodes.client_state import Owner, StateFile, state_path
+from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path
 from mqttfl.nodes.client_uploads import Uploads
 from mqttfl.nodes.client_watch import RunWatch
 from mqttfl.nodes.device import build_client_side, round_rng
@@ -104,7 +104,7 @@ class ClientRunner:
             Owner.of(config, self.info),
             log=self.log,
         )
-        self.state_file.fresh = StateFile.snapshot(self.model, self.method, self.progress)
+        self.state_file.fresh = self._fresh_state
         resumed = self.state_file.load(self.model, self.method, self.progress)
         if resumed:
             self.log.info(
@@ -141,6 +141,13 @@ class ClientRunner:
         self.broker = broker
         self.state_seen = False  # the run's state, the first time: a finished run is not ours
         self.releases = client_privacy.Releases(self.state_file.path, self.log)
+
+    def _fresh_state(self) -> dict[str, Any]:
+        """The state this client had when built (the model from ``config.seed``), built
+        again: rarely needed (a state set aside), so not kept beside the live model."""
+        algorithm = get_algorithm(self.config.method)
+        side = build_client_side(self.config, algorithm, self.ctx, self.client_id, self.shard)
+        return StateFile.snapshot(side.model, side, Progress())
 
     # --- reading: decode, validate, acknowledge -----------------------------------------------
     def _read(self, incoming: Incoming) -> Received | None:

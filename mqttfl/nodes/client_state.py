@@ -25,6 +25,7 @@ import io
 import json
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,8 +116,9 @@ class StateFile:
         self.owner = owner
         self.log = log if log is not None else get_logger()
         self._writing: asyncio.Task[None] | None = None
-        # The state to start afresh from (a fresh model): set by its owner before load().
-        self.fresh: dict[str, Any] | None = None
+        # Builds the state to start afresh from (a fresh model): set by its owner before
+        # load(). Built when needed, not kept: a waiting client holds one model, not two.
+        self.fresh: Callable[[], dict[str, Any]] | None = None
 
     def read(self) -> dict[str, object]:
         """The file's state, never changing the file; DataError naming it and what is
@@ -151,10 +153,13 @@ class StateFile:
             if reason is not None:
                 self._discard(reason)
                 return False
-        fresh = self.fresh if self.fresh is not None else self.snapshot(model, method, progress)
+        # without an owner's builder, the model as it is now is the fresh state
+        kept = self.snapshot(model, method, progress) if self.fresh is None else None
         try:
             self.restore(state, model, method, progress)
         except Exception as exc:  # e.g. a size mismatch: put the fresh state back
+            fresh = kept if self.fresh is None else self.fresh()
+            assert fresh is not None
             self.restore(fresh, model, method, progress)
             self._discard(f"does not load: {type(exc).__name__}: {exc}"[:300])
             return False
@@ -165,11 +170,11 @@ class StateFile:
     ) -> None:
         """The state is not this run's after all (another instance of its run id): set the
         file aside and put back the fresh state (:attr:`fresh`)."""
-        assert self.fresh is not None, "the owner keeps a fresh state to start afresh from"
+        assert self.fresh is not None, "the owner builds a fresh state to start afresh from"
         await self.written()
         if self.path.exists():
             self._discard(reason)
-        self.restore(self.fresh, model, method, progress)
+        self.restore(self.fresh(), model, method, progress)
 
     def load_read_only(
         self,

@@ -70,6 +70,7 @@ def train_epochs(
             total += float(loss.detach()) * len(yb)
             count += len(yb)
         mean = total / max(count, 1)
+    optimizer.zero_grad(set_to_none=True)  # nothing reads them: a waiting client holds none
     return mean
 
 
