@@ -257,3 +257,30 @@ def test_a_paced_run_opens_a_round_no_sooner_than_pace_s_after_the_last() -> Non
     assert starts == [1, 2, 3]
     # the clients answer at once: only the pace moves the clock, 20 s a round
     assert fed.clock.now == pytest.approx(1000.0 + 2 * 20.0)
+
+
+def test_final_scores_that_never_come_are_named_once_the_wait_is_over() -> None:
+    from structlog.testing import capture_logs
+
+    fed = Federation("fedavg", clients=3, rounds=2, arch="tiny", federation={"ack_timeout_s": 5.0})
+    fed.ghosts.add("2")  # online to the end, answers nothing: no last scores either
+    with capture_logs() as logs:
+        closed = closed_at(fed, 2)
+        fed.run()
+    [missing] = [e for e in logs if e["event"] == "metrics.missing"]
+    assert missing["missing"] == ["2"]
+    assert missing["clients"] == 1
+    assert missing["hint"] == "federation.final_metrics_timeout_s"
+    [finished] = [e for e in logs if e["event"] == "run.finished"]
+    assert finished["unreported"] == 1
+    assert fed.clock.now == pytest.approx(closed + fed.config.federation.final_metrics_timeout_s)
+
+
+def test_a_run_whose_clients_all_report_names_none_missing() -> None:
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        Federation("fedavg", clients=3, rounds=2, arch="tiny").run()
+    assert not [e for e in logs if e["event"] == "metrics.missing"]
+    [finished] = [e for e in logs if e["event"] == "run.finished"]
+    assert finished["unreported"] == 0

@@ -354,15 +354,25 @@ class RoundEngine(Roster):
             if self.fed.evaluate == "when_trained" and last < self.config.rounds:
                 # ended early: only who uploaded in it score round `last` (kept across resumes)
                 expected &= set(self.state.last_uploaders)
-            reported = expected <= self.metrics_seen.get(last, set())
-            if not reported and now < self.phase_until:
+            unreported = sorted(expected - self.metrics_seen.get(last, set()), key=client_order)
+            if unreported and now < self.phase_until:
                 return False
+            if unreported:  # the table then lacks their last round: say so, and what to raise
+                self.log.warning(
+                    "metrics.missing",
+                    round=last,
+                    clients=len(unreported),
+                    missing=unreported[:20],
+                    waited_s=self.fed.final_metrics_timeout_s,
+                    hint="federation.final_metrics_timeout_s",
+                )
             actions.append(Finish(self.summary()))
             self.phase = Phase.DONE
             self.log.info(
                 "run.finished",
                 rounds=last,
                 rejections=dict(self.state.rejections),
+                unreported=len(unreported),
                 **({"ended": self.ended} if self.ended else {}),
             )
         return False
