@@ -169,7 +169,7 @@ def check_resume(journal: Journal, config: RunConfig) -> Resume:
     for path in (journal.checkpoint_path, journal.previous_checkpoint_path):
         if not path.exists():
             if path == journal.checkpoint_path and journal.previous_checkpoint_path.exists():
-                # removed by hand, or a run dir of a writer that set it aside first
+                # gone (removed by hand): the previous one is all there is
                 unusable, problems = (path, "missing"), [f"{path}: missing"]
             continue
         try:

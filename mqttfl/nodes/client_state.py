@@ -153,14 +153,14 @@ class StateFile:
             if reason is not None:
                 self._discard(reason)
                 return False
-        # without an owner's builder, the model as it is now is the fresh state
-        kept = self.snapshot(model, method, progress) if self.fresh is None else None
+        fresh = self.fresh
+        if fresh is None:  # without an owner's builder, the model as it is now is fresh
+            kept = self.snapshot(model, method, progress)
+            fresh = lambda: kept  # noqa: E731
         try:
             self.restore(state, model, method, progress)
         except Exception as exc:  # e.g. a size mismatch: put the fresh state back
-            fresh = kept if self.fresh is None else self.fresh()
-            assert fresh is not None
-            self.restore(fresh, model, method, progress)
+            self.restore(fresh(), model, method, progress)
             self._discard(f"does not load: {type(exc).__name__}: {exc}"[:300])
             return False
         return True
