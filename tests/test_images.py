@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,25 @@ def test_digits_and_mnist_load() -> None:
     assert np.bincount(y).tolist() == [500] * 10
     with pytest.raises(ConfigError):
         load_images("cifar")
+
+
+def test_digits_are_sklearns_table_read_without_importing_sklearn() -> None:
+    """The images and labels ``load_digits`` gives, from its data file alone: a client
+    process never pays scikit-learn's import (seconds) to read 1,797 rows."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_images("digits")
+    bunch = load_digits()
+    np.testing.assert_array_equal(x, (bunch.images.astype(np.float32) / 16.0).clip(0.0, 1.0))
+    np.testing.assert_array_equal(y, bunch.target)
+    probe = (
+        "import sys; from mqttfl.data.images import load_images; load_images('digits'); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"
 
 
 def _disjoint(parts: list[np.ndarray]) -> bool:

@@ -66,17 +66,32 @@ def mnist_5k_path() -> Path:
     return Path(spec.origin).parent / "data" / "data" / "mnist_5k.csv.gz"
 
 
-def _digits() -> tuple[np.ndarray, np.ndarray]:
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:
+def digits_path() -> Path:
+    """Where scikit-learn's wheel keeps ``digits.csv.gz`` (scikit-learn is not imported:
+    its import costs a client process seconds, and the file is all that is read)."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
         raise DataError(
-            "sklearn.datasets.load_digits",
+            "sklearn/datasets/data/digits.csv.gz",
             "scikit-learn is not installed (pip install 'mqttfl[images]')",
-        ) from None
-    bunch = load_digits()
-    x = (np.asarray(bunch.images, dtype=np.float32) / 16.0).clip(0.0, 1.0)
-    return x, np.asarray(bunch.target, dtype=np.int64)
+        )
+    return Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
+
+
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    """The table ``sklearn.datasets.load_digits`` reads: 64 pixels (0-16) and a label a row."""
+    path = digits_path()
+    try:
+        with gzip.open(path, "rt") as fh:
+            table = np.loadtxt(fh, delimiter=",", dtype=np.float64)
+    except FileNotFoundError:
+        raise DataError(path, "file not found in the scikit-learn installation") from None
+    except (OSError, ValueError, EOFError) as exc:
+        raise DataError(path, f"unreadable: {exc}") from None
+    if table.ndim != 2 or table.shape[1] != 65:
+        raise DataError(path, f"expected rows of 64 pixels and a label, got shape {table.shape}")
+    x = (table[:, :64].reshape(-1, 8, 8).astype(np.float32) / 16.0).clip(0.0, 1.0)
+    return x, table[:, 64].astype(np.int64)
 
 
 def _mnist() -> tuple[np.ndarray, np.ndarray]:
