@@ -68,6 +68,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("learning", False),
     Benchmark("calibration", False),
     Benchmark("first_contact", False),
+    Benchmark("startup", False),
     Benchmark("sessions", False),
     Benchmark("session_drift", False, result="session-drift"),
     Benchmark("session_selection", False),

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from mqttfl.provisioning.local_broker import LocalBroker
 from tests.faults import read_events, wait_for
 from tests.helpers import FAST, REPO, mqttfl
 
@@ -87,35 +86,3 @@ def test_mqttfl_clients_refuses_bad_ids_before_it_forks(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.startswith("mqttfl: error: --ids")
     assert "Traceback" not in result.stderr
-
-
-def test_mqttfl_clients_loads_torch_while_it_waits_for_the_manifest(
-    tmp_path: Path, broker: LocalBroker
-) -> None:
-    """A device that is up before its coordinator spends the wait on its imports: torch is
-    mapped into the parent while no manifest has come, so forking need not wait for it."""
-    logs = tmp_path / "logs"
-    argv = [sys.executable, "-m", "mqttfl", "clients", "--config", CONFIG, "--ids", "0-1"]
-    argv += ["--broker", broker.url, "--state-dir", str(tmp_path / "state"), "--wait", "300"]
-    with open(tmp_path / "clients.out", "wb") as handle:
-        clients = subprocess.Popen(
-            argv,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            env={**os.environ, "MQTTFL_LOG_DIR": str(logs)},
-            start_new_session=True,
-        )
-    try:
-
-        def torch_mapped() -> bool:
-            return "libtorch_cpu" in Path(f"/proc/{clients.pid}/maps").read_text()
-
-        wait_for(torch_mapped, timeout=180, what="torch in the waiting parent")
-        assert clients.poll() is None, (tmp_path / "clients.out").read_text()[-2000:]
-        events = [e["event"] for e in read_events(logs / "clients-0-1.jsonl")]
-        assert "run.joining" in events
-        assert "manifest.received" not in events  # no coordinator: still waiting
-    finally:
-        os.killpg(clients.pid, signal.SIGKILL)
-        clients.wait()

@@ -37,19 +37,15 @@ def cmd_clients(args: argparse.Namespace) -> int:
     local = local_config(args)
     broker = broker_address(args)
     from mqttfl.nodes.fleet import check_ids, parse_ids, runner_credentials
-    from mqttfl.nodes.forks import Forks, preload_while_waiting
+    from mqttfl.nodes.forks import Forks
 
     ids = parse_ids(args.ids)
     identities = runner_credentials(credentials(local), ids, args.credentials_dir)
     name = f"clients-{ids[0]}" if len(ids) == 1 else f"clients-{ids[0]}-{ids[-1]}"
     start_process(local, name, watched=False)  # its forked children watch
-    preloading = preload_while_waiting()  # torch's import overlaps the manifest's wait
-    try:
-        config = run_config(
-            args, local, broker, identities[ids[0]], state_dir=args.state_dir, client_id=ids[0]
-        )
-    finally:
-        preloading.join()
+    config = run_config(
+        args, local, broker, identities[ids[0]], state_dir=args.state_dir, client_id=ids[0]
+    )
     check_ids(config, ids)
     forks = Forks(
         config,

@@ -33,7 +33,6 @@ import gc
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -59,43 +58,16 @@ START_WAIT_S = 60.0
 REPORT_BYTES = 4000
 
 
-def preload_runner() -> None:
-    """Import what every client imports whatever its run: torch (and the compiler stack
-    its optimizers import on first use), the shard builders and the runner."""
+def preload(config: RunConfig) -> None:
+    """Import what every client imports, before forking: torch (and the compiler stack its
+    optimizers import on first use), the runner, the method's modules."""
     import torch
-    import torch._dynamo  # noqa: F401
+    import torch._dynamo
 
+    from mqttfl.algorithms import get_algorithm
     from mqttfl.data.sources import run_client_shard  # noqa: F401
     from mqttfl.nodes.client import ClientRunner  # noqa: F401
 
-
-def _preload_quietly() -> None:
-    # A failure here is raised again, in one line, by preload() in the main thread.
-    with contextlib.suppress(Exception):
-        preload_runner()
-
-
-def preload_while_waiting() -> threading.Thread:
-    """:func:`preload_runner` in a thread of its own, started now, so that it overlaps the
-    wait for the run's manifest; join it before forking (a forked child keeps only the
-    forking thread)."""
-    # What the wait itself imports, imported first here: no module is then being imported
-    # by both threads at once.
-    import mqttfl.nodes.manifest  # noqa: F401
-
-    thread = threading.Thread(target=_preload_quietly, name="preload", daemon=True)
-    thread.start()
-    return thread
-
-
-def preload(config: RunConfig) -> None:
-    """Import what every client of this run imports, before forking: :func:`preload_runner`
-    (at once where a thread already did it), then the method's modules."""
-    import torch
-
-    from mqttfl.algorithms import get_algorithm
-
-    preload_runner()
     get_algorithm(config.method)
     torch.set_num_threads(config.train.torch_threads)
 
