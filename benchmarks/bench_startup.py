@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -196,9 +195,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                 for job in JOBS
             },
         }
-    failed = [r for r in [*jobs, *clients] if r["exit"] != 0]
-    result["failed_runs"] = len(failed)
-    result["median_of_all_walls_s"] = statistics.median(r["wall_s"] for r in jobs)
+    result["failed_runs"] = sum(1 for r in [*jobs, *clients] if r["exit"] != 0)
     return result
 
 
