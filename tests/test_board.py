@@ -27,13 +27,19 @@ ROUNDS = 2
 DEFAULT_JOB = "configs/fedapa-csi.toml"
 ESPECTRE = "configs/presence-espectre.toml"
 
+# (config, model, board MB, method: None for the config's own)
 CASES = [
-    pytest.param(DEFAULT_JOB, "middle", 512, id="default-middle-512MB"),
-    pytest.param(DEFAULT_JOB, "large", 512, id="default-large-512MB"),
-    pytest.param(DEFAULT_JOB, "tiny", 768, id="default-tiny-768MB"),
-    pytest.param(ESPECTRE, "tiny", 512, id="espectre-tiny-512MB", marks=pytest.mark.shared_data),
+    pytest.param(DEFAULT_JOB, "middle", 512, None, id="default-middle-512MB"),
+    pytest.param(DEFAULT_JOB, "large", 512, None, id="default-large-512MB"),
+    pytest.param(DEFAULT_JOB, "tiny", 768, None, id="default-tiny-768MB"),
+    # FedAPA-S adapts to each scored day: its gate's passes must fit the board as training does
+    pytest.param(DEFAULT_JOB, "middle", 512, "fedapa-session", id="fedapa-s-middle-512MB"),
+    pytest.param(DEFAULT_JOB, "large", 512, "fedapa-session", id="fedapa-s-large-512MB"),
     pytest.param(
-        ESPECTRE, "middle", 512, id="espectre-middle-512MB", marks=pytest.mark.shared_data
+        ESPECTRE, "tiny", 512, None, id="espectre-tiny-512MB", marks=pytest.mark.shared_data
+    ),
+    pytest.param(
+        ESPECTRE, "middle", 512, None, id="espectre-middle-512MB", marks=pytest.mark.shared_data
     ),
 ]
 
@@ -49,9 +55,9 @@ def _events(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize(("config", "model", "limit_mb"), CASES)
+@pytest.mark.parametrize(("config", "model", "limit_mb", "method"), CASES)
 def test_a_client_trains_every_round_on_the_board(
-    config: str, model: str, limit_mb: int, broker: LocalBroker, tmp_path: Path
+    config: str, model: str, limit_mb: int, method: str | None, broker: LocalBroker, tmp_path: Path
 ) -> None:
     overrides = [
         f"rounds={ROUNDS}",
@@ -59,6 +65,8 @@ def test_a_client_trains_every_round_on_the_board(
         "federation.min_clients=2",
         f"model.name={model}",
     ]
+    if method is not None:
+        overrides.append(f"method={method}")
     if config == ESPECTRE:
         overrides.append(f"data.path={require_shared('espectre').parent}")
     common = ["--config", config, "--broker", broker.url]
@@ -104,6 +112,7 @@ def test_a_client_trains_every_round_on_the_board(
     rss_peak = max(float(str(e["peak_rss_mb"])) for e in events if "peak_rss_mb" in e)
     assert 0 < rss_peak < limit_mb
     sys.stderr.write(
-        f"board {limit_mb} MB, {Path(config).stem} {model}: process peak {rss_peak:.0f} MB, "
+        f"board {limit_mb} MB, {Path(config).stem} {model} {method or ''}: "
+        f"process peak {rss_peak:.0f} MB, "
         f"cgroup peak {peak / MB:.0f} MB\n"
     )

@@ -12,7 +12,7 @@ from torch import nn
 
 from mqttfl.adaptation.refine import refine_prototypes
 from mqttfl.algorithms.fedapa.session import renormalize
-from mqttfl.training.loops import predict_logits
+from mqttfl.training.loops import embed_all, predict_logits
 from mqttfl.wire.downlinks import read_downlink
 from tests.inprocess import NUM_CLASSES, Federation
 
@@ -124,3 +124,30 @@ def test_adapted_statistics_make_the_model_blind_to_a_session_gain() -> None:
     np.testing.assert_allclose(adapted_loud, adapted, atol=1e-3)
     trained = predict_logits(client.model, x)
     assert not np.allclose(predict_logits(client.model, loud), trained, atol=1e-1)
+
+
+@pytest.mark.parametrize("gate", [True, False])
+def test_a_prediction_is_its_definition_step_by_step(gate: bool) -> None:
+    """predict reuses the gate's forward passes; its labels and the trained head it
+    reports are those of the definition run pass by pass: the trained head where the
+    gate keeps the trained statistics, else the k-means from Q_i on the embeddings
+    adapted to the windows."""
+    fed = Federation("fedapa-session", clients=2, rounds=2, gate=gate).run()
+    decided = set()
+    for client in fed.clients:
+        x, y = client.shard.x_test, client.shard.y_test
+        decision = client.decide(x)  # type: ignore[attr-defined]
+        decided.add(decision.adapted)
+        if decision.adapted:
+            adapted = renormalize(client.model, x)
+            z = embed_all(adapted, x)
+            available = client.available.numpy().astype(bool)  # type: ignore[attr-defined]
+            expected, _ = refine_prototypes(z, client.q.numpy().copy(), available, 5)  # type: ignore[attr-defined]
+        else:
+            expected = predict_logits(client.model, x).argmax(axis=1)
+        np.testing.assert_array_equal(client.predict(x), expected)
+        head = predict_logits(client.model, x).argmax(axis=1)
+        reported = client.extra_metrics(x, y)["head_accuracy"]
+        assert reported == pytest.approx(float(np.mean(head == y)))
+    if not gate:
+        assert decided == {True}

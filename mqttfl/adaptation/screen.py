@@ -63,9 +63,19 @@ def describe(x: np.ndarray) -> np.ndarray:
 
 
 def feature_scale(x_train: np.ndarray) -> np.ndarray:
-    """Each feature's standard deviation over the training windows (and their time)."""
-    rows = np.reshape(x_train, (-1, np.shape(x_train)[-1]))
-    out: np.ndarray = np.maximum(rows.std(axis=0, dtype=np.float64), 1e-12)
+    """Each feature's standard deviation over the training windows (and their time), in
+    two passes of :data:`CHUNK` windows each: a float64 copy of the whole set would be
+    twice the training windows' memory on a small board."""
+    rows = np.reshape(x_train, (len(x_train), -1, np.shape(x_train)[-1]))
+    count = rows.shape[0] * rows.shape[1]
+    total = np.zeros(rows.shape[2], np.float64)
+    for start in range(0, len(rows), CHUNK):
+        total += rows[start : start + CHUNK].sum(axis=(0, 1), dtype=np.float64)
+    mean = total / max(count, 1)
+    squares = np.zeros(rows.shape[2], np.float64)
+    for start in range(0, len(rows), CHUNK):
+        squares += np.square(rows[start : start + CHUNK].astype(np.float64) - mean).sum(axis=(0, 1))
+    out: np.ndarray = np.maximum(np.sqrt(squares / max(count, 1)), 1e-12)
     return out
 
 

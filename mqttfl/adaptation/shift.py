@@ -170,15 +170,16 @@ def calibrate(
     ``moments`` are the training windows' first-layer (mean, var); ``sessions`` the
     training windows' session ids (None: one session, in recording order)."""
     ids = np.zeros(len(x_train), np.int64) if sessions is None else np.asarray(sessions)
-    days = [x_train[ids == s] for s in np.unique(ids)]
+    # each day's windows are copied out only while that day is fitted (memory: a board)
+    masks = [ids == s for s in np.unique(ids)]
     calibration = "leave-one-session-out"
-    if len(days) == 1:
-        half = len(x_train) // 2
-        days, calibration = [x_train[:half], x_train[half:]], "halves"
+    if len(masks) == 1:
+        masks, calibration = [np.arange(len(x_train)) < len(x_train) // 2], "halves"
+        masks.append(~masks[0])
     ratios = []
-    for day in days:
-        if len(day) >= MIN_SESSION:
-            trained, adapted = fits(day)
+    for mask in masks:
+        if int(mask.sum()) >= MIN_SESSION:
+            trained, adapted = fits(x_train[mask])
             ratios.append(fit_ratio(adapted, trained))
     if not ratios:  # no day to learn from: adapt only where the fit does not fall
         return ShiftGate(moments[0], moments[1], 1.0, "none", ())

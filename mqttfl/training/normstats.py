@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from mqttfl.models import EmbeddingModel
 
 Statistics = list[tuple[np.ndarray, np.ndarray]]
+#: windows of a batch whose layer input is summed at once (in float64)
+MOMENT_WINDOWS = 4
 
 
 class _Reached(MqttflError):
@@ -67,7 +69,11 @@ def layer_input_sums(
     sums = MomentSums(layer.num_features)
 
     def hook(_: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
-        sums.add_values(inputs[0].detach().double().numpy())
+        # a few windows at a time in float64: a copy of the batch's activations is the
+        # largest allocation of an adapting client on a small board
+        values = inputs[0].detach()
+        for start in range(0, len(values), MOMENT_WINDOWS):
+            sums.add_values(values[start : start + MOMENT_WINDOWS].double().numpy())
         raise _Reached
 
     was_training = model.training

@@ -94,17 +94,11 @@ def renormalize(
 
 
 def session_fits(
-    model: EmbeddingModel,
-    x: np.ndarray,
-    q: np.ndarray,
-    available: np.ndarray,
-    adapted: EmbeddingModel | None = None,
+    model: EmbeddingModel, x: np.ndarray, q: np.ndarray, available: np.ndarray
 ) -> tuple[float, float]:
-    """(fit to Q_i under the trained statistics, fit under those re-estimated on ``x``:
-    ``adapted``, where the caller has it already)."""
+    """(fit to Q_i under the trained statistics, fit under those re-estimated on ``x``)."""
     trained = prototype_fit(embed_all(model, x), q, available)
-    adapted = renormalize(model, x) if adapted is None else adapted
-    return trained, prototype_fit(embed_all(adapted, x), q, available)
+    return trained, prototype_fit(embed_all(renormalize(model, x), x), q, available)
 
 
 def shift_gate(
@@ -129,12 +123,40 @@ class GateDecision:
     threshold: float | None
 
 
+@dataclass
+class _Passes:
+    """What deciding on the kept windows computed: the model adapted to them and their
+    embeddings under the trained and the adapted statistics (None: not computed)."""
+
+    adapted: EmbeddingModel | None = None
+    trained_z: np.ndarray | None = None
+    adapted_z: np.ndarray | None = None
+
+
+def _labels(model: EmbeddingModel, z: np.ndarray | None, x: np.ndarray) -> np.ndarray:
+    """The classifier head's labels of ``x``, from its embeddings ``z`` where they are
+    given (no second pass through the encoder)."""
+    if z is None:
+        return np.asarray(predict_logits(model, x).argmax(axis=1))
+    model.eval()
+    with torch.no_grad():
+        return np.asarray(model.classify(torch.from_numpy(z)).argmax(dim=1).numpy())
+
+
+def _kept_windows(x: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """The windows ``keep`` selects: ``x`` itself where it selects all (no copy)."""
+    return x if bool(keep.all()) else x[keep]
+
+
 class FedAPASessionClient(FedAPAClient):
     """FedAPA's client (L_ce + λ_t L_g, with L_c only if asked) that classifies a session
     after adapting to it (module docstring)."""
 
     last_decision: GateDecision | None = None
     last_left_out = 0  # windows the screen left out of the last prediction's estimate
+    #: the windows of the last prediction and the trained head's labels of them, which
+    #: extra_metrics reports beside the adapted prediction without another pass
+    _trained_head: tuple[np.ndarray | None, np.ndarray] = (None, np.zeros(0, np.int64))
 
     def shift_gate(self) -> ShiftGate | None:
         """The gate calibrated on this client's training sessions (module docstring); None
@@ -161,49 +183,56 @@ class FedAPASessionClient(FedAPAClient):
 
     def decide(self, x: np.ndarray) -> GateDecision:
         """Whether the windows ``x`` are adapted to, with the gate's figures."""
-        return self._decide(x, self.kept(x))[0]
+        keep = self.kept(x)
+        return self._decide(x, _kept_windows(x, keep))[0]
 
-    def _decide(
-        self, x: np.ndarray, keep: np.ndarray
-    ) -> tuple[GateDecision, EmbeddingModel | None]:
-        """:meth:`decide`, estimated on the windows kept, and the model adapted to them
-        where the gate built it."""
+    def _decide(self, x: np.ndarray, fit: np.ndarray) -> tuple[GateDecision, _Passes]:
+        """:meth:`decide`, estimated on the windows kept, and the forward passes it made
+        (the adapted model and the embeddings of the kept windows), which
+        :meth:`predict` reuses rather than running again."""
         p: FedAPASessionParams = self.ctx.params
+        passes = _Passes()
         if not p.adapt_norm or len(x) < p.min_adapt_windows:
-            return GateDecision(False, None, None, None), None
-        fit = x[keep]
+            return GateDecision(False, None, None, None), passes
         gate = self.shift_gate() if p.gate else None
         if gate is None or self.q is None or self.available is None:
-            return GateDecision(True, None, None, None), None
+            return GateDecision(True, None, None, None), passes
         batch = eval_batch_size(self.model, fit.shape[1:])
         shift = gate.shift(*layer_input_sums(self.model, fit, batch, 0).moments())
         available = self.available.numpy().astype(bool)
-        model = renormalize(self.model, fit)
-        trained, adapted = session_fits(self.model, fit, self.q.numpy(), available, model)
-        ratio = fit_ratio(adapted, trained)
-        return GateDecision(gate.adapts(ratio), shift, ratio, gate.threshold), model
+        q = self.q.numpy()
+        passes.adapted = renormalize(self.model, fit)
+        passes.trained_z = embed_all(self.model, fit)
+        passes.adapted_z = embed_all(passes.adapted, fit)
+        ratio = fit_ratio(
+            prototype_fit(passes.adapted_z, q, available),
+            prototype_fit(passes.trained_z, q, available),
+        )
+        return GateDecision(gate.adapts(ratio), shift, ratio, gate.threshold), passes
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """The session's labels from its own unlabeled windows ``x`` (module docstring);
         before any Q_i has arrived, the adapted classifier head."""
         p: FedAPASessionParams = self.ctx.params
         keep = self.kept(x)
-        fit = x[keep]
-        decision, model = self._decide(x, keep)
+        fit = _kept_windows(x, keep)
+        decision, passes = self._decide(x, fit)
         self.last_decision = decision
         self.last_left_out = len(x) - len(fit)
+        every = fit is x  # the passes on the kept windows cover all of x
+        trained_z = passes.trained_z if every else None
+        self._trained_head = (x, _labels(self.model, trained_z, x))
         if not decision.adapted:
-            return np.asarray(predict_logits(self.model, x).argmax(axis=1))
-        model = renormalize(self.model, fit) if model is None else model
-        head: np.ndarray = predict_logits(model, x).argmax(axis=1)
+            return self._trained_head[1]
+        model = renormalize(self.model, fit) if passes.adapted is None else passes.adapted
+        z = passes.adapted_z if every and passes.adapted_z is not None else None
         if p.inference == "head" or self.q is None or self.available is None:
-            return head
+            return _labels(model, z, x)
         available = self.available.numpy().astype(bool)
         if not available.any():
-            return head
-        labels, _ = refine_on(
-            embed_all(model, x), keep, self.q.numpy().copy(), available, p.refine_steps
-        )
+            return _labels(model, z, x)
+        z = embed_all(model, x) if z is None else z
+        labels, _ = refine_on(z, keep, self.q.numpy().copy(), available, p.refine_steps)
         return labels
 
     def evaluation_model(self, t: int) -> torch.nn.Module:
@@ -214,7 +243,8 @@ class FedAPASessionClient(FedAPAClient):
 
     def extra_metrics(self, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
         """The trained head without adaptation, beside the adapted prediction."""
-        head = predict_logits(self.model, x).argmax(axis=1)
+        seen, labels = self._trained_head
+        head = labels if seen is x else predict_logits(self.model, x).argmax(axis=1)
         metrics = {"head_accuracy": float(np.mean(head == y)) if len(y) else 0.0}
         decision = self.last_decision
         if decision is not None:
