@@ -73,6 +73,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("session_drift", False, result="session-drift"),
     Benchmark("session_selection", False),
     Benchmark("method_choice", False),
+    Benchmark("session_inference", False),
     Benchmark("buffered", False),
     Benchmark("reference_workers", False),
     Benchmark("device", False),

@@ -126,6 +126,7 @@ def test_catalogue_replayed_against_a_live_coordinator(broker: LocalBroker, tmp_
             clients=2,
             rounds=3,
             overrides=[
+                "method=fedapa",  # the catalogue is FedAPA's uploads (tests/hostile.py)
                 "federation.num_clients=4",
                 f"federation.max_upload_bytes={max_bytes}",
                 "federation.round_timeout_s=20",

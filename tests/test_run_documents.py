@@ -288,7 +288,9 @@ def test_a_checkpoint_from_before_versions_is_read() -> None:
 def test_a_checkpoint_of_a_newer_version_or_another_run_is_refused() -> None:
     saved = _state().to_dict(CONFIG)
     with pytest.raises(DataError, match=r"^ckpt: is a checkpoint of version 2;"):
-        checkpoint_from_map({**saved, "version": 2}, "ckpt", run_id=CONFIG.run_id, method="fedapa")
+        checkpoint_from_map(
+            {**saved, "version": 2}, "ckpt", run_id=CONFIG.run_id, method=CONFIG.method
+        )
     with pytest.raises(StateError, match="belongs to run 'other'"):
         checkpoint_from_map({**saved, "run_id": "other"}, "ckpt", run_id=CONFIG.run_id, method="x")
     with pytest.raises(DataError, match="'retries' is not a count"):
