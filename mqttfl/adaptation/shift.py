@@ -174,8 +174,8 @@ def calibrate(
     masks = [ids == s for s in np.unique(ids)]
     calibration = "leave-one-session-out"
     if len(masks) == 1:
-        masks, calibration = [np.arange(len(x_train)) < len(x_train) // 2], "halves"
-        masks.append(~masks[0])
+        first = np.arange(len(x_train)) < len(x_train) // 2
+        masks, calibration = [first, ~first], "halves"
     ratios = []
     for mask in masks:
         if int(mask.sum()) >= MIN_SESSION:

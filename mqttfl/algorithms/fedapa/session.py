@@ -156,7 +156,7 @@ class FedAPASessionClient(FedAPAClient):
     last_left_out = 0  # windows the screen left out of the last prediction's estimate
     #: the windows of the last prediction and the trained head's labels of them, which
     #: extra_metrics reports beside the adapted prediction without another pass
-    _trained_head: tuple[np.ndarray | None, np.ndarray] = (None, np.zeros(0, np.int64))
+    _trained_head: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
 
     def shift_gate(self) -> ShiftGate | None:
         """The gate calibrated on this client's training sessions (module docstring); None
@@ -221,9 +221,13 @@ class FedAPASessionClient(FedAPAClient):
         self.last_left_out = len(x) - len(fit)
         every = fit is x  # the passes on the kept windows cover all of x
         trained_z = passes.trained_z if every else None
-        self._trained_head = (x, _labels(self.model, trained_z, x))
         if not decision.adapted:
+            self._trained_head = (x, _labels(self.model, trained_z, x))
             return self._trained_head[1]
+        # the trained head is reported beside the adapted labels (extra_metrics): kept
+        # where the gate's pass gives it for free, else left to extra_metrics
+        trained = None if trained_z is None else _labels(self.model, trained_z, x)
+        self._trained_head = (x, trained)
         model = renormalize(self.model, fit) if passes.adapted is None else passes.adapted
         z = passes.adapted_z if every and passes.adapted_z is not None else None
         if p.inference == "head" or self.q is None or self.available is None:
@@ -243,8 +247,9 @@ class FedAPASessionClient(FedAPAClient):
 
     def extra_metrics(self, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
         """The trained head without adaptation, beside the adapted prediction."""
-        seen, labels = self._trained_head
-        head = labels if seen is x else predict_logits(self.model, x).argmax(axis=1)
+        seen, head = self._trained_head
+        if seen is not x or head is None:
+            head = predict_logits(self.model, x).argmax(axis=1)
         metrics = {"head_accuracy": float(np.mean(head == y)) if len(y) else 0.0}
         decision = self.last_decision
         if decision is not None:
