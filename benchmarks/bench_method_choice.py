@@ -15,14 +15,17 @@ round), on the default job as shipped.
 
     python -m benchmarks.bench_method_choice [--quick]   # quick: seed 0, 2 rounds, 60 windows
 
-``BENCH_CHOICE_METHODS=local,fedavg`` and ``BENCH_CHOICE_SEEDS=0,1`` narrow the grid. Cells
-already in benchmarks/results/method_choice.json for the same overrides are kept, so an
-interrupted run picks up where it stopped.
+``BENCH_CHOICE_METHODS=local,fedavg`` and ``BENCH_CHOICE_SEEDS=0,1`` narrow the grid.
+``BENCH_CHOICE_SPLIT=window`` runs it under the papers' split instead (test: a fifth of
+each day's windows; validation: a stratified fifth of each client's training windows),
+into method_choice-window.json. Cells already in the results file for the same overrides
+are kept, so an interrupted run picks up where it stopped.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Mapping
@@ -30,10 +33,23 @@ from typing import Any
 
 from benchmarks.common import RESULTS, bench_main, log, write_result
 
-#: one of the default job's two training days held out (synthetic rooms: the later one)
-VALIDATION = "data.validation_fraction=0.5"
+#: per split, what validation holds out: under the session split one of the default job's
+#: two training days (synthetic rooms: the later one); under the window split a fifth of
+#: each client's training windows, as its test split is a fifth of each day's
+VALIDATION = {"session": "data.validation_fraction=0.5", "window": "data.validation_fraction=0.2"}
 SEEDS = (0, 1, 2)
 SOURCE = "default"
+
+
+def chosen_split() -> str:
+    split = os.environ.get("BENCH_CHOICE_SPLIT", "session")
+    if split not in VALIDATION:
+        raise SystemExit(f"BENCH_CHOICE_SPLIT: {split!r} is not one of {', '.join(VALIDATION)}")
+    return split
+
+
+def results_name(split: str) -> str:
+    return "method_choice" if split == "session" else f"method_choice-{split}"
 
 
 def candidates() -> list[str]:
@@ -79,53 +95,59 @@ def run(quick: bool) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     source = SOURCES[SOURCE]
+    split = chosen_split()
     extra = source.quick if quick else []
     seeds = [
         int(s) for s in _listed("BENCH_CHOICE_SEEDS", [str(s) for s in SEEDS][: 1 if quick else 3])
     ]
     methods = _listed("BENCH_CHOICE_METHODS", candidates())
-    path = RESULTS / f"method_choice{'-quick' if quick else ''}.json"
+    name = results_name(split)
+    path = RESULTS / f"{name}{'-quick' if quick else ''}.json"
     overrides = [*source.overrides, *extra]
     tables: dict[str, dict[str, dict[str, float]]] = {"validation": {}, "test": {}}
     if path.exists():
         previous = json.loads(path.read_text())
         if previous.get("overrides") == overrides:
             tables = previous.get("tables", tables)
-    for part, part_extra in (("validation", [*extra, VALIDATION]), ("test", extra)):
+    for part, part_extra in (("validation", [*extra, VALIDATION[split]]), ("test", extra)):
         for method in methods:
             cells = tables[part].setdefault(method, {})
             for seed in seeds:
                 if str(seed) in cells:
                     continue
                 start = time.perf_counter()
-                cells[str(seed)] = score(source, method, seed, "session", part_extra)["accuracy"]
+                cells[str(seed)] = score(source, method, seed, split, part_extra)["accuracy"]
                 log(
                     f"{part} {method} seed {seed}: {cells[str(seed)]:.1f} "
                     f"({time.perf_counter() - start:.0f} s)"
                 )
                 # written after every cell: a long grid survives an interruption
                 write_result(
-                    "method_choice",
-                    _document(tables, overrides, seeds),
+                    name,
+                    _document(tables, overrides, seeds, split),
                     quick=quick,
-                    command="python -m benchmarks.bench_method_choice",
+                    command=_command(split),
                 )
-    document = _document(tables, overrides, seeds)
+    document = _document(tables, overrides, seeds, split)
     choice = document["summary"]
     log(f"chosen on validation: {choice['chosen']}; best on test: {choice['best_on_test']}")
     return document
 
 
 def _document(
-    tables: dict[str, dict[str, dict[str, float]]], overrides: list[str], seeds: list[int]
+    tables: dict[str, dict[str, dict[str, float]]],
+    overrides: list[str],
+    seeds: list[int],
+    split: str,
 ) -> dict[str, Any]:
     complete = {part: {m: s for m, s in table.items() if s} for part, table in tables.items()}
     return {
-        "what": "mean client accuracy (%) of the default job's methods under the session "
-        "split: on a held-out training day (validation, which chooses) and on the test day",
+        "what": f"mean client accuracy (%) of the default job's methods under the {split} "
+        "split: on held-out training data (validation, which chooses) and on the test split",
         "config": "configs/fedapa-csi.toml",
+        "split": split,
         "overrides": overrides,
-        "validation": VALIDATION,
+        "validation": VALIDATION[split],
         "seeds": seeds,
         "tables": tables,
         "summary": summary(complete["validation"], complete["test"])
@@ -134,8 +156,19 @@ def _document(
     }
 
 
+def _command(split: str) -> str:
+    prefix = "" if split == "session" else f"BENCH_CHOICE_SPLIT={split} "
+    return f"{prefix}python -m benchmarks.bench_method_choice"
+
+
 def main() -> None:
-    bench_main("method_choice", "the default job's method, chosen on validation", run)
+    split = chosen_split()
+    bench_main(
+        results_name(split),
+        "the default job's method, chosen on validation",
+        run,
+        command=_command(split),
+    )
 
 
 if __name__ == "__main__":

@@ -157,23 +157,32 @@ def log(message: str) -> None:
     sys.stderr.flush()
 
 
-def bench_main(name: str, description: str, run: Callable[[bool], dict[str, Any]]) -> None:
-    """The command line of a benchmark: ``run(quick)`` written to benchmarks/results/NAME.json."""
+def bench_main(
+    name: str,
+    description: str,
+    run: Callable[[bool], dict[str, Any]],
+    *,
+    command: str | None = None,
+) -> None:
+    """The command line of a benchmark: ``run(quick)`` written to benchmarks/results/NAME.json
+    (``command``: how it was run, where that is not ``python -m benchmarks.bench_NAME``)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    _write_run(name, run, args.quick)
+    _write_run(name, run, args.quick, command)
 
 
-def _write_run(name: str, run: Callable[[bool], dict[str, Any]], quick: bool) -> None:
+def _write_run(
+    name: str, run: Callable[[bool], dict[str, Any]], quick: bool, command: str | None = None
+) -> None:
     os.chdir(REPO)  # configs/ and `python -m` paths are relative to the checkout
     path = write_result(
         name,
         run(quick),
         quick=quick,
-        command=f"python -m benchmarks.bench_{name}{' --quick' if quick else ''}",
+        command=f"{command or f'python -m benchmarks.bench_{name}'}{' --quick' if quick else ''}",
     )
     log(f"wrote {path}")
 

@@ -5,6 +5,8 @@ shows it with the gain."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import MutableMapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -141,6 +143,38 @@ def test_clients_past_the_process_bound_queue_and_score_as_alone(
     assert pools == [2]
     assert set(queued) == {"0", "1", "2", "3", "4"}
     assert queued == alone
+
+
+# Run in a fresh interpreter (this one has imported torch's compiler long ago): each
+# forked trainer reports what it found imported when it began.
+INHERITED = """
+import json, sys
+from types import SimpleNamespace
+from mqttfl.evaluation import reference
+
+def probe(plan, cid, done, **options):
+    return [{"client": cid, "inherited": sorted(m for m in ("torch", "torch._dynamo") if m in sys.modules)}]
+
+reference._run_client = probe
+plan = SimpleNamespace(ids=["0", "1"], config=SimpleNamespace(train=SimpleNamespace(torch_threads=1)))
+before = "torch" in sys.modules
+found = reference._train_in_processes(plan, None)
+import gc
+print(json.dumps({"before": before, "found": found, "frozen": gc.get_freeze_count()}))
+"""
+
+
+def test_the_trainers_inherit_torch_and_its_compiler_instead_of_importing_them() -> None:
+    """Every optimizer imports torch's compiler stack on first use (about 2 s of CPU): the
+    parent imports it once before forking, so no trainer pays it again (the default job's
+    six trainers paid it six times), and it unfreezes what it froze for the children."""
+    done = subprocess.run(
+        [sys.executable, "-c", INHERITED], capture_output=True, text=True, check=True, timeout=120
+    )
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["before"] is False  # nothing imported torch before the reference
+    assert [row["inherited"] for row in report["found"]] == [["torch", "torch._dynamo"]] * 2
+    assert report["frozen"] == 0
 
 
 def test_the_key_follows_the_data_not_the_method() -> None:

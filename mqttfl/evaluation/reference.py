@@ -32,6 +32,7 @@ Torch is imported only when a reference is trained; a cached one needs none.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import multiprocessing
@@ -288,10 +289,17 @@ def _train_in_processes(
     the one holding it while the others wait (docs/benchmarks/sessions.md, "The default job's time": twice the
     slowdown of the federation's processes). Forked, so the shards are inherited, not
     copied through a pipe."""
+    # Imported once here, so every child inherits them: torch, and the compiler stack its
+    # optimizers import on first use (about 2 s of CPU a child otherwise pays again).
+    import torch
+    import torch._dynamo  # noqa: F401
+
     context = multiprocessing.get_context("fork")
     counters = context.Array("i", len(plan.ids), lock=False)
     _FORKED.update(plan=plan, counters=counters)
     reported = dict.fromkeys(plan.ids, 0)
+    gc.collect()
+    gc.freeze()  # what is imported now: a child's collections leave its pages shared
     try:
         with ProcessPoolExecutor(reference_processes(len(plan.ids)), mp_context=context) as pool:
             futures = [pool.submit(_process_client, i) for i in range(len(plan.ids))]
@@ -306,6 +314,7 @@ def _train_in_processes(
                     break
             return [r for future in futures for r in future.result()]
     finally:
+        gc.unfreeze()
         _FORKED.clear()
 
 

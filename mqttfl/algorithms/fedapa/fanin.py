@@ -12,9 +12,12 @@ into the seconds over which clients finish training. Arrivals are summed in bloc
 product of a block against every earlier row, as BLAS likes it, not a pass over all rows
 per upload), so a round's close sums at most one block.
 
-The result equals the batched product up to float32 rounding (summation order). It is
-used only when the round aggregates exactly the uploads it saw arrive, unweighted
-(synchronous rounds, :meth:`FanIn.covers`); otherwise the batched path runs.
+The result equals the batched product up to float32 rounding (summation order). Each
+block is summed in client order, not arrival order, so a round of up to ``BLOCK``
+uploads gives the same Q_i to the bit however its uploads raced; in larger rounds the
+blocks' membership, and so the last bits, still follow arrival. It is used only when the
+round aggregates exactly the uploads it saw arrive, unweighted (synchronous rounds,
+:meth:`FanIn.covers`); otherwise the batched path runs.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class FanIn:
         first, n = self.done, len(self.rows)
         if first == n:
             return
+        self._canonical_order(first, n)
         block = self.per_class[:, first:n]  # (C, B, d)
         norms = np.linalg.norm(block, axis=2, keepdims=True)
         self.unit[:, first:n] = block / np.maximum(norms, 1e-12)
@@ -93,6 +97,22 @@ class FanIn:
         self.numerator[:, first:n] = np.matmul(into_block, terms)
         self.normalizer[:, first:n] = np.matmul(into_block, held[..., None])[..., 0]
         self.done = n
+
+    def _canonical_order(self, first: int, n: int) -> None:
+        """Rows ``first..n`` in client order rather than arrival order: a sum's float32
+        rounding depends on its order, and the same seed must give the same Q_i however
+        the uploads raced (every run whose round is one block: up to ``BLOCK`` uploads)."""
+        arrived = sorted(self.rows, key=self.rows.__getitem__)[first:n]
+        ordered = sorted(arrived)
+        if ordered == arrived:
+            return
+        moved = np.array([self.rows[c] for c in ordered])
+        self.per_class[:, first:n] = self.per_class[:, moved]
+        self.held[first:n] = self.held[moved]
+        bodies = [self.bodies[row] for row in moved]
+        for row, client in enumerate(ordered, start=first):
+            self.rows[client] = row
+            self.bodies[row] = bodies[row - first]
 
     def covers(self, t: int, clients: Sequence[str], bodies: Sequence[Body]) -> bool:
         """Whether round ``t`` aggregates exactly these arrivals (the same upload objects)."""
