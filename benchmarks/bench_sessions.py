@@ -78,6 +78,8 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "local+adabn": ("local", []),
     "fedavg+adabn": ("fedavg", []),
     "fedproto+adabn": ("fedproto", []),
+    # Table III's other baseline: each local model weighted 1 or 0.3 by how well it scores
+    "fedcaring": ("fedcaring", []),
 }
 #: the first methods of :data:`METHODS`, run unless BENCH_SESSIONS_METHODS names others
 DEFAULT_METHODS = 9
