@@ -14,6 +14,8 @@ refused publishes go unnoticed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import random
 import socket
 import ssl
@@ -79,6 +81,26 @@ class ConnectionLost:
             if self._set:
                 self._future.set_result(None)
         return self._future
+
+
+class _IntoStructuredLog(logging.Handler):
+    """aiomqtt's and paho's own records (an acknowledgement that came after its waiter had
+    gone, a callback that raised) as one line of the process's structured log, never a
+    traceback on stderr, where a refusal must stay one line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):  # a log line must never be what ends a client
+            get_logger(component="bus").warning(
+                "bus.library_logged",
+                severity=record.levelname.lower(),
+                message=record.getMessage()[:300],
+            )
+
+
+LIBRARY_LOG = logging.getLogger("mqttfl.bus.library")
+LIBRARY_LOG.setLevel(logging.WARNING)
+LIBRARY_LOG.addHandler(_IntoStructuredLog())
+LIBRARY_LOG.propagate = False
 
 
 @dataclass
@@ -207,6 +229,7 @@ class Bus:
             timeout=self.connect_timeout_s,
             tls_context=self._tls_context(),
             max_inflight_messages=100,
+            logger=LIBRARY_LOG,
             **session,
         )
         self._watch_acks(client)
