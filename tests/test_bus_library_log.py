@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from mqttfl.bus.transport import LIBRARY_LOG
+from mqttfl.bus.library_log import LIBRARY_LOG
 
 
 def test_a_library_error_is_one_structured_line_and_no_traceback_on_stderr(

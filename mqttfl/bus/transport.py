@@ -14,8 +14,6 @@ refused publishes go unnoticed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import random
 import socket
 import ssl
@@ -31,6 +29,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from mqttfl.bus.address import BrokerAddress, Credentials
+from mqttfl.bus.library_log import LIBRARY_LOG
 from mqttfl.bus.refusal import (
     CLIENT_HINT,
     LOGIN_REFUSALS,
@@ -81,26 +80,6 @@ class ConnectionLost:
             if self._set:
                 self._future.set_result(None)
         return self._future
-
-
-class _IntoStructuredLog(logging.Handler):
-    """aiomqtt's and paho's own records (an acknowledgement that came after its waiter had
-    gone, a callback that raised) as one line of the process's structured log, never a
-    traceback on stderr, where a refusal must stay one line."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        with contextlib.suppress(Exception):  # a log line must never be what ends a client
-            get_logger(component="bus").warning(
-                "bus.library_logged",
-                severity=record.levelname.lower(),
-                message=record.getMessage()[:300],
-            )
-
-
-LIBRARY_LOG = logging.getLogger("mqttfl.bus.library")
-LIBRARY_LOG.setLevel(logging.WARNING)
-LIBRARY_LOG.addHandler(_IntoStructuredLog())
-LIBRARY_LOG.propagate = False
 
 
 @dataclass
