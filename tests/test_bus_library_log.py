@@ -11,8 +11,8 @@ from mqttfl.bus.library_log import LIBRARY_LOG
 def test_a_library_error_is_one_structured_line_and_no_traceback_on_stderr(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """aiomqtt logs a late SUBACK with its traceback; on stderr it came ahead of a
-    refusal's one line (and a clean-clone run failed on it)."""
+    """aiomqtt logs a late SUBACK with its traceback; on stderr it would come ahead of a
+    refusal's one line."""
     with capture_logs() as logs:
         pending: dict[int, object] = {}
         try:

@@ -52,8 +52,9 @@ def test_the_fan_in_equals_eq_7_batched_in_any_arrival_order(n: int, tau: float)
 @pytest.mark.parametrize("n", [6, BLOCK])
 def test_a_round_of_one_block_gives_the_same_bits_in_every_arrival_order(n: int) -> None:
     """The same seed gives the same table however the uploads raced: float32 sums depend
-    on their order, so a block is summed in client order (without it, two orders of six
-    uploads differed by up to 5e-7 and a run's accuracy by points after 15 rounds)."""
+    on their order, so a block is summed in client order (two arrival orders of six
+    uploads would otherwise differ by up to 5e-7, and a run's accuracy by points after
+    15 rounds)."""
     uploads = _uploads(n, seed=3)
     clients = sorted(u.client_id for u in uploads)
     results = []

@@ -166,8 +166,8 @@ print(json.dumps({"before": before, "found": found, "frozen": gc.get_freeze_coun
 
 def test_the_trainers_inherit_torch_and_its_compiler_instead_of_importing_them() -> None:
     """Every optimizer imports torch's compiler stack on first use (about 2 s of CPU): the
-    parent imports it once before forking, so no trainer pays it again (the default job's
-    six trainers paid it six times), and it unfreezes what it froze for the children."""
+    parent imports it once before forking, so no trainer pays it again, and it unfreezes
+    what it froze for the children."""
     done = subprocess.run(
         [sys.executable, "-c", INHERITED], capture_output=True, text=True, check=True, timeout=120
     )
