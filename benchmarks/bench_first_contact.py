@@ -21,7 +21,8 @@ the Local reference's seconds and its share of the wall time. Goals: idle <= 90 
 
 The default job runs idle and loaded; with ``BENCH_FIRST_CONTACT_POOLS=1`` also the
 thread pools' A/B (``machine`` against ``per-process``) beside the hog at 4 rounds
-(``SHORT``).
+(``SHORT``). ``BENCH_FIRST_CONTACT_SET="method=fedapa-session"`` (``--set`` items,
+space-separated) runs the job changed so, and writes ``first_contact-<items>.json``.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def run_once(load: str, threads: str, overrides: list[str], out: Path) -> dict[s
     env["MQTTFL_CACHE_DIR"] = str(cache)  # a new user's: the reference is trained
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, "-m", "mqttfl", "run", CONFIG, "--plain", "--out", str(out)]
-    for item in overrides:
+    for item in [*CHANGES, *overrides]:
         command += ["--set", item]
     hogs = _hogs(2, 900) if load == "loaded" else []
     try:
@@ -121,6 +122,10 @@ def run_once(load: str, threads: str, overrides: list[str], out: Path) -> dict[s
 SHORT = ["rounds=4", "method.warmup_rounds=2"]
 
 
+#: ``--set`` items every run of this invocation adds (the module docstring)
+CHANGES = os.environ.get("BENCH_FIRST_CONTACT_SET", "").split()
+
+
 def run(quick: bool) -> dict[str, Any]:
     # The default job idle and loaded; the thread pools' A/B beside the hog at 4 rounds.
     plan: list[tuple[str, str, list[str]]] = (
@@ -156,6 +161,7 @@ def run(quick: bool) -> dict[str, Any]:
         }
     return {
         "config": CONFIG,
+        "changes": CHANGES,
         "short_overrides": SHORT,
         "load": "two busy-loop processes (python, same niceness) for the whole run",
         "runs": rows,
@@ -164,4 +170,14 @@ def run(quick: bool) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    bench_main("first_contact", __doc__ or "", run)
+    bench_main(
+        "-".join(["first_contact", *(c.replace("=", "-") for c in CHANGES)]),
+        __doc__ or "",
+        run,
+        command=" ".join(
+            [
+                *([f'BENCH_FIRST_CONTACT_SET="{" ".join(CHANGES)}"'] if CHANGES else []),
+                "python -m benchmarks.bench_first_contact",
+            ]
+        ),
+    )

@@ -8,10 +8,23 @@ model must expose the embedding separately from the logits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import cast
 
 import torch
 from torch import nn
+
+
+@dataclass(frozen=True)
+class EncoderStages:
+    """An encoder written as ``finish(body(prepare(x)))``, where the Sequential ``body``
+    holds every BatchNorm layer: what lets AdaBN go on from one layer's input to the next
+    instead of starting again from the windows (:mod:`mqttfl.training.normstats`)."""
+
+    prepare: Callable[[torch.Tensor], torch.Tensor]
+    body: nn.Sequential
+    finish: Callable[[torch.Tensor], torch.Tensor]
 
 
 class EmbeddingModel(nn.Module):
@@ -40,6 +53,10 @@ class EmbeddingModel(nn.Module):
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Map a batch of samples to embeddings of shape (B, embed_dim)."""
         raise NotImplementedError
+
+    def encoder_stages(self) -> EncoderStages | None:
+        """The encoder in stages (:class:`EncoderStages`); None where it is not written so."""
+        return None
 
     def classify(self, z: torch.Tensor) -> torch.Tensor:
         """Map embeddings (B, embed_dim) to logits (B, num_classes)."""

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from mqttfl.models.base import EmbeddingModel
+from mqttfl.models.base import EmbeddingModel, EncoderStages
 
 
 def _conv_block(c_in: int, c_out: int) -> list[nn.Module]:
@@ -62,13 +62,21 @@ class ConvNet4(EmbeddingModel):
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Encoder f(h; w^e): (B, T, S) or (B, 1, T, S) amplitude -> (B, embed_dim)."""
+        return self._finish(self.features(self._prepare(x)))
+
+    def encoder_stages(self) -> EncoderStages:
+        return EncoderStages(self._prepare, self.features, self._finish)
+
+    @staticmethod
+    def _prepare(x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 3:
             x = x.unsqueeze(1)  # CSI windows arrive without the channel dim
         if x.dim() != 4 or x.shape[1] != 1:
             raise ValueError(f"expected input (B, T, S) or (B, 1, T, S), got {tuple(x.shape)}")
-        z = self.features(x)
-        if self.head is not None:
-            z = self.head(z)
+        return x
+
+    def _finish(self, pooled: torch.Tensor) -> torch.Tensor:
+        z = pooled if self.head is None else self.head(pooled)
         return torch.flatten(z, 1)
 
 

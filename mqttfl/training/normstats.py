@@ -9,6 +9,11 @@ accumulating each channel's count, sum and sum of squares in float64
 (:class:`~mqttfl.adaptation.moments.MomentSums`), so the result is the same however X is
 batched, and a layer's pass stops at that layer. Every weight, and the affine γ and β, is
 kept. The sensor repeats the same passes with onnxruntime (:mod:`mqttfl.sensing.adapt`).
+
+:func:`adapted_embeddings` gives the same statistics and the windows' embeddings under
+them in one walk through an encoder written in stages: layer k's input is computed from
+layer k-1's input, kept for every window while it fits :data:`HELD_BYTES`, rather than
+again from the windows; the operations and batches are those of the separate passes.
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ if TYPE_CHECKING:
 Statistics = list[tuple[np.ndarray, np.ndarray]]
 #: windows of a batch whose layer input is summed at once (in float64)
 MOMENT_WINDOWS = 4
+#: a layer's input over every window is kept, to go on from, only within this many bytes:
+#: what the walk holds beyond the separate passes (a board's memory; a 512 MB board's
+#: FedAPA-S client peaked 8-17 MB higher with 16 MB, tests/test_board.py); past it the
+#: next layer's input is computed again from the last one kept
+HELD_BYTES = 12 * 2**20
 
 
 class _Reached(MqttflError):
@@ -112,6 +122,65 @@ def adapted_statistics(model: EmbeddingModel, x: np.ndarray, batch_size: int) ->
             running_mean.copy_(torch.from_numpy(mean))
             running_var.copy_(torch.from_numpy(var))
     return stats
+
+
+def _add_windows(sums: MomentSums, values: torch.Tensor) -> None:
+    # a few windows at a time in float64 (layer_input_sums: a board's memory)
+    for start in range(0, len(values), MOMENT_WINDOWS):
+        sums.add_values(values[start : start + MOMENT_WINDOWS].double().numpy())
+
+
+@no_grad
+def adapted_embeddings(
+    model: EmbeddingModel, x: np.ndarray, batch_size: int
+) -> tuple[Statistics, EmbeddingModel, np.ndarray]:
+    """:func:`adapted_statistics` of ``x``, the model normalizing with them
+    (:func:`with_statistics`) and its embeddings of ``x`` in batches of ``batch_size``, in
+    one walk where the encoder is written in stages (module docstring); else in the
+    separate passes."""
+    work = copy.deepcopy(model).eval()
+    stages = work.encoder_stages()
+    layers = norm_layers(work)
+    cuts = [] if stages is None else [i for i, m in enumerate(stages.body) if m in layers]
+    if stages is None or len(cuts) != len(layers):
+        separate = adapted_statistics(model, x, batch_size)
+        adapted = with_statistics(model, separate)
+        parts = [
+            adapted.embed(torch.from_numpy(np.ascontiguousarray(x[start : start + batch_size])))
+            for start in range(0, len(x), max(1, batch_size))
+        ]
+        z = torch.cat(parts).numpy() if parts else np.zeros((0, model.embed_dim), np.float32)
+        return separate, adapted, z
+    step = max(1, batch_size)
+    # the last layer input kept for every window, and where in the body it stands
+    held: list[torch.Tensor] = [
+        stages.prepare(torch.from_numpy(np.ascontiguousarray(x[start : start + step])))
+        for start in range(0, len(x), step)
+    ]
+    position = 0
+    stats: Statistics = []
+    for layer, cut in zip(layers, cuts, strict=True):
+        segment = stages.body[position:cut]
+        sums = MomentSums(layer.num_features)
+        keep: bool | None = None  # whether this layer's input, over every window, fits
+        for i, batch in enumerate(held):
+            values = segment(batch)
+            _add_windows(sums, values)
+            if keep is None:  # the batches are of one size (the last may be shorter)
+                keep = values.nbytes * len(x) <= HELD_BYTES * len(batch)
+            if keep:
+                held[i] = values  # in its place: the layer input before is not needed again
+        mean, var = sums.moments()
+        stats.append((mean, var))
+        running_mean, running_var = _running(layer)
+        running_mean.copy_(torch.from_numpy(mean))
+        running_var.copy_(torch.from_numpy(var))
+        if keep:
+            position = cut
+    tail = stages.body[position:]
+    parts = [stages.finish(tail(batch)) for batch in held]
+    z = torch.cat(parts).numpy() if parts else np.zeros((0, work.embed_dim), np.float32)
+    return stats, work, z
 
 
 def with_statistics(model: EmbeddingModel, stats: Statistics) -> EmbeddingModel:

@@ -54,6 +54,7 @@ from mqttfl.training.lazy import torch
 from mqttfl.training.loops import embed_all, predict_logits
 from mqttfl.training.memory import eval_batch_size
 from mqttfl.training.normstats import (
+    adapted_embeddings,
     adapted_statistics,
     layer_input_sums,
     norm_layers,
@@ -98,7 +99,8 @@ def session_fits(
 ) -> tuple[float, float]:
     """(fit to Q_i under the trained statistics, fit under those re-estimated on ``x``)."""
     trained = prototype_fit(embed_all(model, x), q, available)
-    return trained, prototype_fit(embed_all(renormalize(model, x), x), q, available)
+    _, _, adapted_z = adapted_embeddings(model, x, eval_batch_size(model, x.shape[1:]))
+    return trained, prototype_fit(adapted_z, q, available)
 
 
 def shift_gate(
@@ -201,9 +203,8 @@ class FedAPASessionClient(FedAPAClient):
         shift = gate.shift(*layer_input_sums(self.model, fit, batch, 0).moments())
         available = self.available.numpy().astype(bool)
         q = self.q.numpy()
-        passes.adapted = renormalize(self.model, fit)
         passes.trained_z = embed_all(self.model, fit)
-        passes.adapted_z = embed_all(passes.adapted, fit)
+        _, passes.adapted, passes.adapted_z = adapted_embeddings(self.model, fit, batch)
         ratio = fit_ratio(
             prototype_fit(passes.adapted_z, q, available),
             prototype_fit(passes.trained_z, q, available),
