@@ -74,6 +74,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("session_selection", False),
     Benchmark("method_choice", False),
     Benchmark("session_inference", False),
+    Benchmark("prototype_alignment", False),
     Benchmark("buffered", False),
     Benchmark("reference_workers", False),
     Benchmark("device", False),
