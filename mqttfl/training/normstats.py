@@ -35,9 +35,9 @@ Statistics = list[tuple[np.ndarray, np.ndarray]]
 #: windows of a batch whose layer input is summed at once (in float64)
 MOMENT_WINDOWS = 4
 #: a layer's input over every window is kept, to go on from, only within this many bytes:
-#: what the walk holds beyond the separate passes (a board's memory; a 512 MB board's
-#: FedAPA-S client peaked 8-17 MB higher with 16 MB, tests/test_board.py); past it the
-#: next layer's input is computed again from the last one kept
+#: what the walk holds beyond the separate passes (a board's memory: tests/test_board.py's
+#: FedAPA-S client on LargeConvNet4 peaked 7-10 MB above them with 12 MB, 15-23 MB with
+#: 16); past it the next layer's input is computed again from the last one kept
 HELD_BYTES = 12 * 2**20
 
 
@@ -79,11 +79,7 @@ def layer_input_sums(
     sums = MomentSums(layer.num_features)
 
     def hook(_: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
-        # a few windows at a time in float64: a copy of the batch's activations is the
-        # largest allocation of an adapting client on a small board
-        values = inputs[0].detach()
-        for start in range(0, len(values), MOMENT_WINDOWS):
-            sums.add_values(values[start : start + MOMENT_WINDOWS].double().numpy())
+        _add_windows(sums, inputs[0].detach())
         raise _Reached
 
     was_training = model.training
@@ -125,7 +121,8 @@ def adapted_statistics(model: EmbeddingModel, x: np.ndarray, batch_size: int) ->
 
 
 def _add_windows(sums: MomentSums, values: torch.Tensor) -> None:
-    # a few windows at a time in float64 (layer_input_sums: a board's memory)
+    # a few windows at a time in float64: a copy of the batch's activations is the
+    # largest allocation of an adapting client on a small board
     for start in range(0, len(values), MOMENT_WINDOWS):
         sums.add_values(values[start : start + MOMENT_WINDOWS].double().numpy())
 
