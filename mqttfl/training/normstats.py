@@ -27,6 +27,7 @@ import numpy as np
 from mqttfl.adaptation.moments import MomentSums
 from mqttfl.errors import MqttflError
 from mqttfl.training.lazy import nn, no_grad, torch
+from mqttfl.training.loops import embed_all
 
 if TYPE_CHECKING:
     from mqttfl.models import EmbeddingModel
@@ -142,12 +143,7 @@ def adapted_embeddings(
     if stages is None or len(cuts) != len(layers):
         separate = adapted_statistics(model, x, batch_size)
         adapted = with_statistics(model, separate)
-        parts = [
-            adapted.embed(torch.from_numpy(np.ascontiguousarray(x[start : start + batch_size])))
-            for start in range(0, len(x), max(1, batch_size))
-        ]
-        z = torch.cat(parts).numpy() if parts else np.zeros((0, model.embed_dim), np.float32)
-        return separate, adapted, z
+        return separate, adapted, embed_all(adapted, x, batch_size)
     step = max(1, batch_size)
     # the last layer input kept for every window, and where in the body it stands
     held: list[torch.Tensor] = [

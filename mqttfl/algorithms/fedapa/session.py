@@ -229,8 +229,11 @@ class FedAPASessionClient(FedAPAClient):
         # where the gate's pass gives it for free, else left to extra_metrics
         trained = None if trained_z is None else _labels(self.model, trained_z, x)
         self._trained_head = (x, trained)
-        model = renormalize(self.model, fit) if passes.adapted is None else passes.adapted
-        z = passes.adapted_z if every and passes.adapted_z is not None else None
+        if passes.adapted is None:  # no gate ran: the same walk, here
+            batch = eval_batch_size(self.model, fit.shape[1:])
+            _, passes.adapted, passes.adapted_z = adapted_embeddings(self.model, fit, batch)
+        model = passes.adapted
+        z = passes.adapted_z if every else None
         if p.inference == "head" or self.q is None or self.available is None:
             return _labels(model, z, x)
         available = self.available.numpy().astype(bool)
