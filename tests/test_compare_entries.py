@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from mqttfl.config import TrainConfig, load_config
 from mqttfl.engine.documents import CompareRow
 from mqttfl.evaluation.compare_entries import method_name, pinned_model, run_overrides
 from mqttfl.evaluation.compare_report import markdown_table
 from mqttfl.models import build_model
+from mqttfl.training import optimizers
 from mqttfl.training.loops import make_optimizer
 
 
@@ -57,7 +57,7 @@ def test_train_optimizer(name: str) -> None:
     model = build_model("tiny", num_classes=3, embed_dim=8)
     train = TrainConfig(optimizer=name, lr=0.003, weight_decay=0.0)
     optimizer = make_optimizer(model, train)
-    expected = torch.optim.Adam if name == "adam" else torch.optim.SGD
+    expected = optimizers.Adam if name == "adam" else optimizers.SGD
     assert type(optimizer) is expected
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.003)
 

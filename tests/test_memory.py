@@ -16,6 +16,7 @@ from mqttfl.training.memory import (
     release,
     resident_mb,
 )
+from mqttfl.training.optimizers import SGD
 
 
 def _model(arch: str) -> EmbeddingModel:
@@ -67,7 +68,7 @@ def test_training_leaves_no_gradients_held() -> None:
     """A client waits most of a round: its gradients (a model's worth) are freed when its
     training ends, and the next training step makes them again."""
     model = _model("tiny")
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    optimizer = SGD(model.parameters(), lr=0.01, momentum=0.9)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(8, 64, 242)).astype(np.float32)
     y = rng.integers(0, 21, size=8)

@@ -61,6 +61,7 @@ from mqttfl.models.sizes import alp_widths
 from mqttfl.privacy.mechanism import private_update
 from mqttfl.training.lazy import F, torch
 from mqttfl.training.loops import train_epochs
+from mqttfl.training.optimizers import Adam, Optimizer
 from mqttfl.wire.control import Number
 from mqttfl.wire.schemas import ArrayField, Body, ClientInfo, IntField, PayloadSchema
 
@@ -237,13 +238,13 @@ class FedAliClient(FedAvgClient):
         round), its ALP layers matching tokens to the local prototypes in eval mode."""
         return super().evaluation_model(t)
 
-    def local_optimizer(self) -> torch.optim.Optimizer:
+    def local_optimizer(self) -> Optimizer:
         """A fresh Adam(lr) per round, as the official code compiles one per round; or the
         run's persistent ``[train]`` SGD with ``local_optimizer = "train"``."""
         p: FedAliParams = self.ctx.params
         if p.local_optimizer == "train":
             return self.optimizer
-        return torch.optim.Adam(self.model.parameters(), lr=p.local_lr)
+        return Adam(self.model.parameters(), lr=p.local_lr)
 
     def train(self, t: int, params: Mapping[str, Number], rng: np.random.Generator) -> float:
         """localTrainALP (Algorithm 2, line 6): start from w_r, then fit with CE."""

@@ -289,10 +289,8 @@ def _train_in_processes(
     the one holding it while the others wait (docs/benchmarks/sessions.md, "The default job's time": twice the
     slowdown of the federation's processes). Forked, so the shards are inherited, not
     copied through a pipe."""
-    # Imported once here, so every child inherits them: torch, and the compiler stack its
-    # optimizers import on first use (about 2 s of CPU a child otherwise pays again).
-    import torch
-    import torch._dynamo  # noqa: F401
+    # Imported once here, so every child inherits it.
+    import torch  # noqa: F401
 
     context = multiprocessing.get_context("fork")
     counters = context.Array("i", len(plan.ids), lock=False)

@@ -59,10 +59,9 @@ REPORT_BYTES = 4000
 
 
 def preload(config: RunConfig) -> None:
-    """Import what every client imports, before forking: torch (and the compiler stack its
-    optimizers import on first use), the runner, the method's modules."""
+    """Import what every client imports, before forking: torch, the runner, the method's
+    modules."""
     import torch
-    import torch._dynamo
 
     from mqttfl.algorithms import get_algorithm
     from mqttfl.data.sources import run_client_shard  # noqa: F401

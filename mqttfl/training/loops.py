@@ -9,6 +9,7 @@ import numpy as np
 
 from mqttfl.training.lazy import nn, no_grad, torch
 from mqttfl.training.memory import eval_batch_size
+from mqttfl.training.optimizers import SGD, Adam, Optimizer, Stepper
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -30,17 +31,17 @@ def batches(
         yield torch.from_numpy(x[index]), torch.from_numpy(y[index])
 
 
-def make_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, train: TrainConfig) -> Optimizer:
     if train.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
-    return torch.optim.SGD(
+        return Adam(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+    return SGD(
         model.parameters(), lr=train.lr, momentum=train.momentum, weight_decay=train.weight_decay
     )
 
 
 def train_epochs(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Stepper,
     x: np.ndarray,
     y: np.ndarray,
     loss_fn: LossFn,
