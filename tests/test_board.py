@@ -1,6 +1,8 @@
 """The board test: one client of a real federation runs inside a memory cgroup
 pinned to one CPU, the budget of a 512 MB board (768 MB for the tiny model on the
 default job's 242 subcarriers), and trains and uploads every round without an OOM kill.
+With the large model it then exports its model on the same board, as a device does
+(``mqttfl export --state-dir``), and the sensor checks out against torch.
 
 The other client and the coordinator run outside the board; the broker is a real
 Mosquitto. Training keeps the config's batch size: only evaluation passes are batched
@@ -13,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -116,3 +119,26 @@ def test_a_client_trains_every_round_on_the_board(
         f"process peak {rss_peak:.0f} MB, "
         f"cgroup peak {peak / MB:.0f} MB\n"
     )
+    if model == "large":
+        _export_on_the_board(config, limit_mb, tmp_path)
+
+
+def _export_on_the_board(config: str, limit_mb: int, tmp_path: Path) -> None:
+    """The device's own export (its state dir, the run's manifest its client kept) in the
+    same memory and CPU: the trace, onnxruntime's check against torch, and for FedAPA-S
+    the adaptive graph's checks."""
+    run_id = tomllib.loads((REPO / config).read_text())["run_id"]
+    out = tmp_path / "sensor"
+    with Board(limit_mb * MB, cpus="0") as board:
+        argv = [sys.executable, "-m", "mqttfl", "export", "--state-dir", str(tmp_path / "state")]
+        argv += ["--run", run_id, "--client", "0", "--out", str(out)]
+        done = subprocess.run(
+            board.command(argv), capture_output=True, text=True, cwd=REPO, timeout=300
+        )
+        kills, peak = board.oom_kills(), board.peak_bytes()
+    assert kills == 0, f"the OOM killer ended the export ({limit_mb} MB board):\n{done.stderr}"
+    assert done.returncode == 0, done.stderr[-2000:]
+    checks = json.loads((out / "sensor.json").read_text())["export"]
+    assert checks["max_abs_diff_vs_torch"] <= 1e-4
+    assert checks.get("transductive_agreement_vs_torch", 1.0) == 1.0
+    sys.stderr.write(f"board {limit_mb} MB, export: cgroup peak {peak / MB:.0f} MB\n")

@@ -27,11 +27,7 @@ no embedding, so its fit ratio is 1). Its graph is ``x -> (scores, embedding)``
 
 from __future__ import annotations
 
-import contextlib
-import io
 import itertools
-import logging
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mqttfl.export.trace import Exporter, trace_onnx
 from mqttfl.models.base import EmbeddingModel
 from mqttfl.sensing.adapt import Adapter, stat_matrix
 from mqttfl.sensing.adaptive_spec import AdaptationSpec
@@ -146,35 +143,25 @@ def export_adaptive(
     stats: list[tuple[np.ndarray, np.ndarray]],
     path: Path,
     opset: int,
-) -> None:
-    """Trace ``graph`` with the dynamo exporter (a dynamic batch axis on ``x`` and on the
-    per-window outputs); its progress lines and warnings are kept off the output. An
-    :class:`EmbeddingGraph` takes no statistics (``stats`` is empty)."""
-    quiet = logging.getLogger("torch.onnx")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    dynamic: dict[str, Any] = {"x": {0: "batch"}, SCORES: {0: "batch"}, EMBEDDING: {0: "batch"}}
+) -> Exporter:
+    """Trace ``graph`` (:func:`mqttfl.export.trace.trace_onnx`: a dynamic batch axis on
+    ``x`` and on the per-window outputs). An :class:`EmbeddingGraph` takes no statistics
+    (``stats`` is empty). Returns the exporter that wrote the file."""
+    dynamic = {"x": {0: "batch"}, SCORES: {0: "batch"}, EMBEDDING: {0: "batch"}}
     inputs: tuple[torch.Tensor, ...] = (torch.from_numpy(example),)
     names, outputs = ["x"], [SCORES, EMBEDDING]
     if isinstance(graph, AdaptiveGraph):
         inputs += (torch.from_numpy(stat_matrix(stats)),)
         names, outputs = ["x", STATS], [SCORES, EMBEDDING, MOMENTS, COUNTS]
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                graph,
-                inputs,
-                str(path),
-                input_names=names,
-                output_names=outputs,
-                dynamic_axes=dynamic,
-                opset_version=opset,
-                dynamo=True,
-                external_data=False,
-            )
-    finally:
-        quiet.setLevel(level)
+    return trace_onnx(
+        graph,
+        inputs,
+        path,
+        input_names=names,
+        output_names=outputs,
+        dynamic_axes=dynamic,
+        opset=opset,
+    )
 
 
 def _session(path: Path) -> Any:
@@ -222,46 +209,57 @@ def export_adapting(
     sensor's layered statistics against torch's, and the sensor's transductive prediction
     against the method's own ``predict``. Returns the section and the check's figures."""
     from mqttfl.training.loops import embed_all, predict_logits
+    from mqttfl.training.memory import release
     from mqttfl.training.normstats import adapted_statistics, with_statistics
 
     model: EmbeddingModel = method.model
     spec = adaptation_spec(method, model, name)
     graph = AdaptiveGraph(model) if spec.normalizes else EmbeddingGraph(model)
-    export_adaptive(
+    exporter = export_adaptive(
         graph, np.ascontiguousarray(x[: min(len(x), 4)]), spec.trained_statistics(), path, opset
     )
+    # torch's side first, its heap handed back, then onnxruntime's: on a 512 MB board the
+    # two working sets do not fit at once
+    torch_stats = adapted_statistics(model, x, batch) if spec.normalizes and len(x) >= 2 else []
+    references: list[tuple[np.ndarray | None, np.ndarray, np.ndarray]] = []
+    if len(x) >= 2:
+        models: list[tuple[np.ndarray | None, EmbeddingModel]] = [(None, model)]
+        if torch_stats:
+            models.append((stat_matrix(torch_stats), with_statistics(model, torch_stats)))
+        references = [
+            (stats, predict_logits(reference, x, batch), embed_all(reference, x, batch))
+            for stats, reference in models
+        ]
+        del models
+    predicted = method.predict(x)
+    release(collect=True)
     adapter = Adapter(_session(path), "x", spec)
     deviation = 0.0
     stats_deviation = 0.0
-    if len(x) >= 2:
-        references = [(adapter.trained, model)]
-        torch_stats = adapted_statistics(model, x, batch) if spec.normalizes else []
-        if torch_stats:
-            references.append((stat_matrix(torch_stats), with_statistics(model, torch_stats)))
-        for stats, reference in references:
-            scores = np.concatenate(
-                [adapter.run([SCORES], x[i : i + batch], stats)[0] for i in range(0, len(x), batch)]
-            )
-            z = adapter.embeddings(x, stats)
-            deviation = max(
-                deviation,
-                float(np.max(np.abs(scores - predict_logits(reference, x, batch)))),
-                float(np.max(np.abs(z - embed_all(reference, x, batch)))),
-            )
-        for (mean, var), (t_mean, t_var) in zip(
-            adapter.layered_statistics(x) if torch_stats else [], torch_stats, strict=True
-        ):
-            scale = np.maximum(np.abs(t_var), 1.0)  # |difference| / max(1, var)
-            stats_deviation = max(
-                stats_deviation,
-                float(np.max(np.abs(mean - t_mean) / scale)),
-                float(np.max(np.abs(var - t_var) / scale)),
-            )
+    for stats, logits, embedded in references:
+        stats = adapter.trained if stats is None else stats
+        scores = adapter.head_scores(x, stats, SCORES)
+        z = adapter.embeddings(x, stats)
+        deviation = max(
+            deviation,
+            float(np.max(np.abs(scores - logits))),
+            float(np.max(np.abs(z - embedded))),
+        )
+    for (mean, var), (t_mean, t_var) in zip(
+        adapter.layered_statistics(x) if torch_stats else [], torch_stats, strict=True
+    ):
+        scale = np.maximum(np.abs(t_var), 1.0)  # |difference| / max(1, var)
+        stats_deviation = max(
+            stats_deviation,
+            float(np.max(np.abs(mean - t_mean) / scale)),
+            float(np.max(np.abs(var - t_var) / scale)),
+        )
     adaptation, labels = adapter.adapt(x)
     if labels is None:
         labels = adapter.scores(adaptation, x, SCORES).argmax(axis=1)
-    agreement = float(np.mean(labels == method.predict(x))) if len(x) else 1.0
+    agreement = float(np.mean(labels == predicted)) if len(x) else 1.0
     checks = {
+        "exporter": exporter,
         "adapts": True,
         "max_abs_diff_adaptive_vs_torch": deviation,
         "statistics_max_rel_diff_vs_torch": stats_deviation,

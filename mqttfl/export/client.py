@@ -10,17 +10,12 @@ on the shard its config gives it), its state file ``clients/client-<id>.pt`` is 
 read-only (the run's files are never renamed or changed: a state that cannot be used is
 one DataError, never an untrained export), and its method's
 :meth:`~mqttfl.algorithms.base.ClientSide.evaluation_model` for the last round it
-applied is traced with ``torch.onnx.export`` (the dynamo exporter, a dynamic
-batch axis). The ONNX model is then run with onnxruntime on the client's test windows
+applied is traced to ONNX with a dynamic batch axis (:mod:`mqttfl.export.trace`). The ONNX model is then run with onnxruntime on the client's test windows
 and compared with torch: the largest absolute difference goes into ``sensor.json``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +25,7 @@ import numpy as np
 from mqttfl.engine.documents import RunSummary, read_metrics_file, read_summary
 from mqttfl.errors import DataError, UsageError
 from mqttfl.export.sensor import class_names, preprocess_from_shard
+from mqttfl.export.trace import Exporter, trace_onnx
 from mqttfl.sensing.spec import MODEL_FILE, SensorSpec
 from mqttfl.wire.ids import check_id, client_order
 
@@ -85,30 +81,20 @@ def last_scores(run_dir: Path, client_id: str) -> dict[str, object]:
     return best.model_dump(include=set(keys), exclude_unset=True)
 
 
-def export_onnx(module: Any, example: np.ndarray, path: Path) -> None:
-    """The dynamo exporter; its progress lines and warnings (torchvision absent, ...)
-    are kept off the command's output."""
+def export_onnx(module: Any, example: np.ndarray, path: Path) -> Exporter:
+    """Trace the evaluation model (:func:`mqttfl.export.trace.trace_onnx`); returns the
+    exporter that wrote the file."""
     import torch
 
-    quiet = logging.getLogger("torch.onnx")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                module,
-                (torch.from_numpy(example),),
-                str(path),
-                input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
-                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
-                opset_version=OPSET,
-                dynamo=True,
-                external_data=False,
-            )
-    finally:
-        quiet.setLevel(level)
+    return trace_onnx(
+        module,
+        (torch.from_numpy(example),),
+        path,
+        input_names=[INPUT_NAME],
+        output_names=[OUTPUT_NAME],
+        dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+        opset=OPSET,
+    )
 
 
 def torch_scores(module: Any, x: np.ndarray, batch: int) -> np.ndarray:
@@ -242,10 +228,11 @@ def export_client(
         from mqttfl.export.adaptive import export_adapting
 
         adaptation, checks = export_adapting(method, config.method, x, batch, model_path, OPSET)
+        exporter = str(checks.pop("exporter"))
         deviation = float(checks["max_abs_diff_adaptive_vs_torch"])
         agree = float(checks["transductive_agreement_vs_torch"])
     else:
-        export_onnx(module, np.ascontiguousarray(x[: min(len(x), 4)]), model_path)
+        exporter = export_onnx(module, np.ascontiguousarray(x[: min(len(x), 4)]), model_path)
         reference = torch_scores(module, x, batch)
         scores = onnx_scores(model_path, x, batch)
         deviation = float(np.max(np.abs(reference - scores))) if reference.size else 0.0
@@ -273,6 +260,7 @@ def export_client(
         eval_batch_size=batch,
         export={
             "opset": OPSET,
+            "exporter": exporter,
             "torch": torch.__version__,
             "windows_checked": len(x),
             "max_abs_diff_vs_torch": deviation,

@@ -161,6 +161,14 @@ class Adapter:
         ]
         return np.concatenate(parts)
 
+    def head_scores(self, x: np.ndarray, stats: np.ndarray, head_output: str) -> np.ndarray:
+        """The head's logits of ``x`` normalized by ``stats``, in bounded batches."""
+        batch = self.batch_for(x)
+        parts = [
+            self.run([head_output], x[i : i + batch], stats)[0] for i in range(0, len(x), batch)
+        ]
+        return np.concatenate(parts)
+
     def fixed(
         self,
         windows: int,
@@ -205,9 +213,9 @@ class Adapter:
         """Class scores of ``x`` under ``adaptation``: cos/τ to the refined prototypes
         (unavailable classes: a large negative score), or the head's logits."""
         if adaptation.prototypes is None:
-            return self.run([head_output], x, adaptation.stats)[0]
+            return self.head_scores(x, adaptation.stats, head_output)
         assert self.spec.available is not None
-        z = self.run([self.spec.embedding_output], x, adaptation.stats)[0].astype(np.float64)
+        z = self.embeddings(x, adaptation.stats).astype(np.float64)
         unit = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
         out: np.ndarray = unit @ adaptation.prototypes.T / self.spec.tau
         out[:, ~self.spec.available] = UNAVAILABLE_SCORE
