@@ -1,8 +1,7 @@
 """mqttfl: federated learning for Wi-Fi CSI sensing over an MQTT message bus."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mqttfl.config import RunConfig, load_config
 from mqttfl.errors import (
     BrokerError,
     ConfigError,
@@ -11,6 +10,10 @@ from mqttfl.errors import (
     RejectedUpload,
     WireError,
 )
+
+if TYPE_CHECKING:
+    from mqttfl.algorithms import algorithm_names, get_algorithm
+    from mqttfl.config import RunConfig, load_config
 
 __all__ = [
     "BrokerError",
@@ -28,10 +31,15 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    # The method registry imports torch; load it only when asked, so that torch-free
-    # tools (the load client, `broker init`) start fast.
+    # Loaded only when asked: the method registry imports torch, and the config's models
+    # take a third of a second to build, which `mqttfl logs` and a reader of the error
+    # classes never use.
     if name in ("algorithm_names", "get_algorithm"):
         from mqttfl import algorithms
 
         return getattr(algorithms, name)
+    if name in ("RunConfig", "load_config"):
+        from mqttfl import config
+
+        return getattr(config, name)
     raise AttributeError(f"module 'mqttfl' has no attribute {name!r}")

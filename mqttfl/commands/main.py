@@ -10,49 +10,52 @@ a ``cmd_*`` that runs it; this module only assembles the parser and reports erro
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from mqttfl.bus.refusal import Refused
-from mqttfl.commands.broker import add_broker_commands
-from mqttfl.commands.client import add_client_command
-from mqttfl.commands.clients import add_clients_command
-from mqttfl.commands.compare import add_compare_command
-from mqttfl.commands.coordinator import add_coordinator_command
-from mqttfl.commands.data import add_data_commands
-from mqttfl.commands.export import add_export_command
 from mqttfl.commands.extras import missing_package, missing_package_message, not_installed
-from mqttfl.commands.fleet import add_fleet_command
-from mqttfl.commands.logs import add_logs_command
-from mqttfl.commands.models import add_models_command
-from mqttfl.commands.report import add_report_command
-from mqttfl.commands.run import add_run_command
-from mqttfl.commands.sense import add_sense_command
-from mqttfl.commands.watch import add_watch_command
 from mqttfl.errors import MqttflError, first_mqttfl_error
 
+#: each command: the module that registers it and its ``add_*`` function, in the order of
+#: ``mqttfl --help``
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("mqttfl.commands.run", "add_run_command"),
+    "coordinator": ("mqttfl.commands.coordinator", "add_coordinator_command"),
+    "client": ("mqttfl.commands.client", "add_client_command"),
+    "clients": ("mqttfl.commands.clients", "add_clients_command"),
+    "fleet": ("mqttfl.commands.fleet", "add_fleet_command"),
+    "models": ("mqttfl.commands.models", "add_models_command"),
+    "data": ("mqttfl.commands.data", "add_data_commands"),
+    "compare": ("mqttfl.commands.compare", "add_compare_command"),
+    "report": ("mqttfl.commands.report", "add_report_command"),
+    "broker": ("mqttfl.commands.broker", "add_broker_commands"),
+    "watch": ("mqttfl.commands.watch", "add_watch_command"),
+    "logs": ("mqttfl.commands.logs", "add_logs_command"),
+    "export": ("mqttfl.commands.export", "add_export_command"),
+    "sense": ("mqttfl.commands.sense", "add_sense_command"),
+}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``command``, that command's parser alone, so that a
+    process imports the modules of the command it runs and no other."""
     parser = argparse.ArgumentParser(prog="mqttfl", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    add_run_command(sub)
-    add_coordinator_command(sub)
-    add_client_command(sub)
-    add_clients_command(sub)
-    add_fleet_command(sub)
-    add_models_command(sub)
-    add_data_commands(sub)
-    add_compare_command(sub)
-    add_report_command(sub)
-    add_broker_commands(sub)
-    add_watch_command(sub)
-    add_logs_command(sub)
-    add_export_command(sub)
-    add_sense_command(sub)
+    for name, (module, adder) in COMMANDS.items():
+        if command is None or name == command:
+            getattr(importlib.import_module(module), adder)(sub)
     return parser
 
 
+def named_command(argv: list[str]) -> str | None:
+    """The command ``argv`` names (its first word), if it is one."""
+    return argv[0] if argv and argv[0] in COMMANDS else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(named_command(argv)).parse_args(argv)
     package = not_installed(args.command)
     if package is not None:
         sys.stderr.write(f"mqttfl: error: {missing_package_message(_command(args), package)}\n")
