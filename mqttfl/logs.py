@@ -4,7 +4,9 @@ Event names are dotted verbs (``round.closed``, ``upload.rejected``); ``run_id``
 ``round`` and ``client_id`` are bound as context by the runtime. Every line of the file
 also says which process wrote it: ``process`` (the file's name, e.g. ``client-3``),
 ``pid`` and ``start``, an id of this start of the process, so that two runs appended to
-one file (a device restarted, a run id used again) can be told apart.
+one file (a device restarted, a run id used again) can be told apart; and, once the
+process knows it, the run's ``instance`` (:func:`tag_process`), so that the instances of
+one run id (started again with ``--clear-run``) can be told apart in a merged view.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from typing import Any, TextIO, cast
 import structlog
 
 from mqttfl.errors import FileError
+
+#: fields every line of this process carries from now on (:func:`tag_process`)
+_PROCESS_TAGS: dict[str, object] = {}
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -50,6 +55,7 @@ class _Tee:
         if self._pid != os.getpid():  # (a forked child that kept its parent's set-up)
             self._pid, self._start = os.getpid(), secrets.token_hex(4)
         stamp = {"process": self._process, "pid": self._pid, "start": self._start}
+        stamp.update(_PROCESS_TAGS)
         rendered = self._json(logger, method, {**stamp, **event})  # a line's own pid wins
         # JSONRenderer gives bytes only with a bytes-returning serializer, which we don't use.
         line = rendered.decode() if isinstance(rendered, bytes) else rendered
@@ -109,6 +115,12 @@ def _open_log(path: Path) -> int:
                 "through a link; remove it"
             ) from None
         raise
+
+
+def tag_process(**fields: object) -> None:
+    """Every later line of this process carries ``fields`` (a line's own value wins),
+    whichever task or logger writes it: the run ``instance`` once the process knows it."""
+    _PROCESS_TAGS.update(fields)
 
 
 def get_logger(**context: Any) -> structlog.typing.FilteringBoundLogger:

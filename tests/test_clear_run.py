@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,6 +118,41 @@ def test_a_finished_run_id_starts_again_with_one_command_on_a_locked_broker() ->
         for client in ("0", "1"):  # each device set aside the state of the finished run
             log = broker.work / "afresh-clients" / "logs" / f"client-{client}.jsonl"
             assert any(e["event"] == "state.discarded" for e in read_events(log)), client
+        _each_instance_is_told_apart(broker.work, previous, site)
+
+
+def _tagged_from(events: list[dict[str, Any]], first: str) -> set[object]:
+    """The instances that the lines of the process start that wrote the event ``first``
+    carry from that event on (None: an untagged line)."""
+    at = next(i for i, e in enumerate(events) if e["event"] == first)
+    start = events[at]["start"]
+    return {e.get("instance") for e in events[at:] if e["start"] == start}
+
+
+def _each_instance_is_told_apart(work: Path, previous: Path, site: Path) -> None:
+    """Every line a process writes once it knows the run instance carries it, and
+    `mqttfl logs --instance` shows one instance of the run id across every process."""
+    (old,) = _tagged_from(read_events(previous / "logs" / "coordinator.jsonl"), "run.started")
+    (new,) = _tagged_from(read_events(site / "logs" / "coordinator.jsonl"), "run.started")
+    assert isinstance(new, str)
+    assert isinstance(old, str)
+    assert new != old
+    for name, instance in (("first-clients", old), ("afresh-clients", new)):
+        for client in ("0", "1"):
+            events = read_events(work / name / "logs" / f"client-{client}.jsonl")
+            assert _tagged_from(events, "run.joined") == {instance}, (name, client)
+    dirs = [previous, site, work / "first-clients", work / "afresh-clients"]
+    shown = mqttfl("logs", *map(str, dirs), "--instance", new[:6], "--json")
+    assert shown.returncode == 0, shown.stderr
+    lines = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert {line["instance"] for line in lines} == {new}
+    # (files of one name in several directories are named by their directory too)
+    seen = {(line["process"].rsplit("/", 1)[-1], line["event"]) for line in lines}
+    assert {("coordinator", "round.closed"), ("client-0", "upload.sent")} <= seen, seen
+    assert {line["process"].split("/")[0] for line in lines} == {"site", "afresh-clients"}
+    everything = mqttfl("logs", *map(str, dirs), "--json")
+    instances = {json.loads(line).get("instance") for line in everything.stdout.splitlines()}
+    assert {old, new} <= instances
 
 
 def _started_from(run: Path) -> list[int]:

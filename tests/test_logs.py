@@ -199,6 +199,52 @@ def test_a_missing_path_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert capsys.readouterr().err.startswith(f"mqttfl: error: {tmp_path / 'empty'}: no log files")
 
 
+def test_one_instance_of_a_run_id_across_its_processes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run id started again (`--clear-run`) appends a second instance to a device's
+    log: `--instance` shows one of them, by its id or its first characters, and the
+    readable view says the instance where it changes, not on every line."""
+    first, second = "aa11bb22cc33dd44", "ee55ff6677889900"
+    logs = tmp_path / "logs"
+    _write(
+        logs / "coordinator.jsonl",
+        _line("2026-01-02T10:00:00Z", "run.started", client_id="coordinator", instance=second),
+        _line("2026-01-02T10:00:02Z", "round.closed", client_id="coordinator", round=1,
+              instance=second),
+    )  # fmt: skip
+    _write(
+        logs / "client-0.jsonl",
+        _line("2026-01-02T09:00:00Z", "run.joining", client_id="0"),
+        _line("2026-01-02T09:00:01Z", "run.joined", client_id="0", instance=first),
+        _line("2026-01-02T09:00:02Z", "upload.sent", client_id="0", round=1, instance=first),
+        _line("2026-01-02T09:59:59Z", "run.joining", client_id="0"),
+        _line("2026-01-02T10:00:01Z", "run.joined", client_id="0", instance=second),
+        _line("2026-01-02T10:00:01.5Z", "upload.sent", client_id="0", round=1, instance=second),
+    )  # fmt: skip
+    for given in (second, second[:4]):
+        code, events, err = _logs(capsys, str(tmp_path), "--instance", given)
+        assert (code, err) == (0, "")
+        assert _names(events) == [
+            ("coordinator", "run.started"),
+            ("client-0", "run.joined"),
+            ("client-0", "upload.sent"),
+            ("coordinator", "round.closed"),
+        ]
+    _, events, _ = _logs(capsys, str(tmp_path), "--instance", first[:6], "--round", "1")
+    assert [(e["event"], e["timestamp"]) for e in events] == [
+        ("upload.sent", "2026-01-02T09:00:02Z")
+    ]
+    assert _logs(capsys, str(tmp_path), "--instance", "0123")[1] == []
+    assert main(["logs", str(tmp_path), "--instance", " "]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+    assert main(["logs", str(tmp_path), "--text"]) == 0
+    shown = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("--")]
+    said = [line.split()[3] for line in shown if "instance=" in line]
+    assert said == ["run.joined", "run.started"]  # the first of each instance only
+
+
 def test_readable_lines_name_the_process_and_escape_what_a_terminal_would_act_on(
     run_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -405,3 +451,30 @@ def test_every_line_says_which_process_and_which_start_of_it_wrote_it(tmp_path: 
     assert shown.returncode == 0, shown.stderr
     assert "start=" not in shown.stdout.splitlines()[-2]  # the first start: said by its column
     assert f"start={lines[1]['start']}" in shown.stdout.splitlines()[-1]
+
+
+def test_a_process_tags_every_later_line_with_its_run_instance(tmp_path: Path) -> None:
+    """Once tagged, every line carries the instance, whichever logger writes it; a line
+    that names its own instance keeps it."""
+    log = tmp_path / "client-3.jsonl"
+    code = textwrap.dedent(
+        """
+        import sys
+        from pathlib import Path
+        from mqttfl.logs import configure_logging, get_logger, tag_process
+        configure_logging(Path(sys.argv[1]), console=None)
+        get_logger(client_id="3").info("run.joining")
+        tag_process(instance="abc123")
+        get_logger(client_id="3").info("run.joined")
+        get_logger(component="bus").info("broker.connected")
+        get_logger(client_id="3").info("manifest.received", instance="other")
+        """
+    )
+    subprocess.run([sys.executable, "-c", code, str(log)], check=True, cwd=REPO)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(line["event"], line.get("instance")) for line in lines] == [
+        ("run.joining", None),
+        ("run.joined", "abc123"),
+        ("broker.connected", "abc123"),
+        ("manifest.received", "other"),
+    ]

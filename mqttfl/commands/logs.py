@@ -38,6 +38,13 @@ def add_logs_command(subparsers: Any) -> None:
         help="only events about client ID (its client_id or client field, or its own log)",
     )
     parser.add_argument(
+        "--instance",
+        metavar="ID",
+        help="only events of the run instance ID, or of the one its first characters name "
+        "(a run id started again with --clear-run is a new instance; each process tags its "
+        "lines once it knows the instance)",
+    )
+    parser.add_argument(
         "--event",
         action="append",
         default=[],
@@ -79,8 +86,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
     sources = LogSources(args.paths)
     if not args.follow:
         sources.check_some()
+    if args.instance is not None and not args.instance.strip():
+        raise UsageError("--instance: give the instance's id, or its first characters")
     keep = EventFilter(
-        round=args.round, client=args.client, events=tuple(args.event), level=args.level
+        round=args.round,
+        client=args.client,
+        events=tuple(args.event),
+        level=args.level,
+        instance=args.instance,
     )
     terminal = sys.stdout.isatty()
     render: Callable[[Event], str]

@@ -37,8 +37,8 @@ def json_line(event: Event) -> str:
 
 class TextLines:
     """Readable lines, one per event. The UTC date comes on a line of its own when it
-    changes; the run id, when it stays the same, and a client id the process's name
-    already says are left out."""
+    changes; the run id, when it stays the same, the run instance, but where it changes,
+    and a client id the process's name already says are left out."""
 
     def __init__(self, *, colour: bool, width: int = 12) -> None:
         self.colour = colour
@@ -46,6 +46,7 @@ class TextLines:
         self._day: str | None = None
         self._run_id: object = None
         self._starts: dict[str, object] = {}  # process -> its start id seen last
+        self._instance: object = None  # the run instance seen last, by any process
 
     def __call__(self, event: Event) -> str:
         at = event.at.astimezone(UTC)
@@ -83,6 +84,9 @@ class TextLines:
             if self._run_id is None:
                 self._run_id = value
             return bool(value == self._run_id)
+        if key == "instance":  # shown where the merged view enters another instance
+            seen, self._instance = self._instance, value
+            return bool(seen == value)
         if key in ("process", "pid"):  # the process column says it
             return True
         if key == "start":  # shown when a process starts anew in the same file

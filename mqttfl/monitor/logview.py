@@ -57,6 +57,7 @@ class EventFilter:
     client: str | None = None  # its client_id, its client field, or client-<id>'s file
     events: tuple[str, ...] = ()  # fnmatch patterns of the event name, any of them
     level: str = "debug"  # the lowest level shown
+    instance: str | None = None  # the start of the run instance's id
 
     def __call__(self, event: Event) -> bool:
         fields = event.fields
@@ -66,6 +67,10 @@ class EventFilter:
                 return False
         if self.client is not None and not self._about(event, self.client):
             return False
+        if self.instance is not None:
+            instance = _text(fields.get("instance"))
+            if instance is None or not instance.startswith(self.instance):
+                return False
         if self.events and not any(fnmatchcase(event.name, p) for p in self.events):
             return False
         return LEVELS.get(event.level, LEVELS["info"]) >= LEVELS[self.level]

@@ -36,7 +36,7 @@ from mqttfl.bus.transport import Bus, Incoming
 from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.errors import BrokerError, MqttflError, StateError, WireError
-from mqttfl.logs import get_logger
+from mqttfl.logs import get_logger, tag_process
 from mqttfl.nodes import client_privacy
 from mqttfl.nodes.client_inbox import PendingDownlink, Received, read_for_client
 from mqttfl.nodes.client_machine import ClientRounds
@@ -253,6 +253,7 @@ class ClientRunner:
         worker acts on anything more (:meth:`_start_afresh`)."""
         resumed = self.rounds.see_instance(instance)
         if resumed is not None:
+            tag_process(instance=instance)
             self.log.info("run.joined", instance=instance, resumed=resumed)
 
     def _check_not_finished_before(self, status: RunStatus) -> None:
@@ -331,6 +332,7 @@ class ClientRunner:
             f"{self.rounds.next_instance}",
         )
         instance = self.rounds.start_afresh()
+        tag_process(instance=instance)
         self.log.info("run.joined", instance=instance, resumed=False)
         self.uploads.forget()
 

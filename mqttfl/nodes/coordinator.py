@@ -31,7 +31,7 @@ from mqttfl.engine.buffered import engine_for
 from mqttfl.engine.journal import Journal
 from mqttfl.engine.state import Resume, RunState, RunSummary, check_resume
 from mqttfl.errors import BrokerError, RejectedUpload, RunAborted, WireError
-from mqttfl.logs import get_logger
+from mqttfl.logs import get_logger, tag_process
 from mqttfl.nodes.manifest import keep_copy, manifest_of
 from mqttfl.nodes.run_board import RunBoard
 from mqttfl.nodes.run_lease import LeaseGuard, my_lease
@@ -440,6 +440,7 @@ class Coordinator:
 
     async def _loop(self) -> RunSummary | None:
         engine = self.engine
+        tag_process(instance=engine.state.instance)
         self.log.info(
             "run.started",
             method=self.config.method,
