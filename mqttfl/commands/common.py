@@ -9,12 +9,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mqttfl.bus.address import BrokerAddress, Credentials
-from mqttfl.config import RunConfig
 from mqttfl.errors import BrokerError, UsageError, WireError
 from mqttfl.logs import configure_logging
 from mqttfl.wire.ids import check_id
+
+if TYPE_CHECKING:
+    from mqttfl.config import RunConfig
 
 RESOLVE_TIMEOUT_S = 10.0
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from mqttfl.commands.common import broker_url, credentials, positive
-from mqttfl.config import load_config
 from mqttfl.errors import UsageError
 from mqttfl.sensing.adapt import DEFAULT_BUFFER, DEFAULT_EVERY, DEFAULT_HORIZON_S
 
@@ -104,6 +103,8 @@ def cmd_sense(args: argparse.Namespace) -> int:
     broker = BrokerAddress.parse(broker_url(args.broker)) if args.broker else None
     who, connect_timeout_s = None, 10.0
     if broker is not None:  # as every command: MQTTFL_BROKER__* (the sensor says so if refused)
+        from mqttfl.config import load_config
+
         config = load_config(None)
         who, connect_timeout_s = credentials(config), config.broker.connect_timeout_s
     options = SenseOptions(
