@@ -3,9 +3,11 @@ the commands a person types against it, as real processes with their own output 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,13 +44,28 @@ class Started:
         try:
             code = self.proc.wait(timeout=max(0.1, timeout - (time.monotonic() - self.began)))
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, 9)
+            # SIGABRT first: faulthandler (PYTHONFAULTHANDLER, set in env()) writes every
+            # thread's stack to stderr, so that a hang says where it hung
+            os.killpg(self.proc.pid, signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
             raise AssertionError(
-                f"{self.name} still ran after {timeout:.0f} s: {self.stderr[-3000:]}"
+                f"{self.name} still ran after {timeout:.0f} s: {self.stderr[-3000:]}\n"
+                f"{self.log_tails()}"
             ) from None
         self.seconds = self.seconds or round(time.monotonic() - self.began, 1)
         return code
+
+    def log_tails(self, lines: int = 15) -> str:
+        """The last lines of each log the command wrote in its folder."""
+        tails = []
+        for log in sorted(self.folder.glob("logs/*.jsonl")):
+            text = log.read_text(errors="replace").splitlines()[-lines:]
+            tails.append(f"--- {log.name} ---\n" + "\n".join(text))
+        return "\n".join(tails)
 
     def ended(self) -> bool:
         """Whether it has exited (noting how long it ran, the first time)."""
@@ -101,7 +118,13 @@ class Locked:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MQTTFL_BROKER__")}
         if identity is not None:
             env.update(read_env_file(self.credentials / f"{identity}.env"))
-        return {**env, "PYTHONPATH": str(REPO), "MQTTFL_CONSOLE_LEVEL": "error", **extra}
+        return {
+            **env,
+            "PYTHONPATH": str(REPO),
+            "MQTTFL_CONSOLE_LEVEL": "error",
+            "PYTHONFAULTHANDLER": "1",
+            **extra,
+        }
 
     def start(self, name: str, *args: str, identity: str | None, **extra: str) -> Started:
         """``mqttfl ARGS`` in a folder of its own (its logs and client state go there)."""
