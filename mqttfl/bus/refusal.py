@@ -26,6 +26,7 @@ LOGIN_REFUSALS = {
 }
 UNSUPPORTED_PROTOCOL = (1, 0x84)  # the broker does not speak MQTT 5
 SESSION_TAKEN_OVER = 0x8E
+KEEPALIVE_TIMEOUT = 0x8D  # paho closed a connection that stayed quiet (a CONNACK too late)
 
 
 class Refused(BrokerError):

@@ -32,6 +32,7 @@ from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.library_log import LIBRARY_LOG
 from mqttfl.bus.refusal import (
     CLIENT_HINT,
+    KEEPALIVE_TIMEOUT,
     LOGIN_REFUSALS,
     SESSION_TAKEN_OVER,
     UNSUPPORTED_PROTOCOL,
@@ -173,6 +174,7 @@ class Bus:
         self.events = events
         self.fresh_session = fresh_session
         self.protocol = aiomqtt.ProtocolVersion.V5
+        self._closed_early = 0  # connects the broker closed before its CONNACK, in a row
         self._acks: dict[int, asyncio.Future[Any]] = {}  # PUBACK reason codes by packet id
         self._fatal: asyncio.Future[None] | None = None
         self._connected_at = 0.0
@@ -227,9 +229,12 @@ class Bus:
                 acked.set_result(reason)
 
         def on_disconnect(c: paho.Client, u: Any, flags: Any, reason: Any, p: Any = None) -> None:
-            if not client._connected.done():
+            if not client._connected.done():  # paho's own close of a slow connect is no refusal
+                late = reason_value(reason) == KEEPALIVE_TIMEOUT
                 client._connected.set_exception(
-                    ClosedBeforeConnack(f"the broker closed the connection ({reason})")
+                    aiomqtt.MqttError(f"no CONNACK within the keepalive, {self.keepalive_s} s")
+                    if late
+                    else ClosedBeforeConnack(f"the broker closed the connection ({reason})")
                 )
             client._on_disconnect(c, u, flags, reason, p)
 
@@ -329,8 +334,10 @@ class Bus:
         await self._receive(message.topic.value, bytes(payload), retained=message.retain)
 
     def _refused_login(self, exc: aiomqtt.MqttError) -> bool:
-        """Raise :class:`Refused` for a refused login; True if MQTT 5 was not understood
-        (the bus falls back to MQTT 3.1.1); False for anything worth retrying."""
+        """Raise :class:`Refused` for a refused login; True to connect again at once: MQTT
+        5 was not understood (the bus falls back to MQTT 3.1.1), or the broker closed a
+        first MQTT 5 connect (a broker without it closes every one); False for anything
+        worth retrying after a pause."""
         code = reason_value(getattr(exc, "rc", None))
         if isinstance(exc, MqttConnectError) and code in LOGIN_REFUSALS:
             raise self._fail(
@@ -339,7 +346,9 @@ class Bus:
                 )
             ) from None
         v5 = self.protocol is aiomqtt.ProtocolVersion.V5
-        unsupported = isinstance(exc, ClosedBeforeConnack) or (
+        closed = isinstance(exc, ClosedBeforeConnack)
+        self._closed_early = self._closed_early + 1 if closed else 0
+        unsupported = (closed and self._closed_early >= 2) or (
             isinstance(exc, MqttConnectError) and code in UNSUPPORTED_PROTOCOL
         )
         if v5 and unsupported and self.connections == 0:
@@ -347,8 +356,7 @@ class Bus:
             self._log.warning(
                 "broker.mqtt311", reason=str(exc), note="refused publishes go unnoticed"
             )
-            return True
-        return False
+        return v5 and (unsupported or closed) and self.connections == 0
 
     def _taken_over(self, exc: aiomqtt.MqttError) -> bool:
         cause = exc.__cause__ if exc.__cause__ is not None else exc
