@@ -55,8 +55,8 @@ class _Tee:
         if self._pid != os.getpid():  # (a forked child that kept its parent's set-up)
             self._pid, self._start = os.getpid(), secrets.token_hex(4)
         stamp = {"process": self._process, "pid": self._pid, "start": self._start}
-        stamp.update(_PROCESS_TAGS)
-        rendered = self._json(logger, method, {**stamp, **event})  # a line's own pid wins
+        # a line's own pid (or instance) wins over the stamp
+        rendered = self._json(logger, method, {**stamp, **_PROCESS_TAGS, **event})
         # JSONRenderer gives bytes only with a bytes-returning serializer, which we don't use.
         line = rendered.decode() if isinstance(rendered, bytes) else rendered
         if self._file is not None:

@@ -215,15 +215,16 @@ def export_adapting(
     model: EmbeddingModel = method.model
     spec = adaptation_spec(method, model, name)
     graph = AdaptiveGraph(model) if spec.normalizes else EmbeddingGraph(model)
+    trained = spec.trained_statistics()
     exporter = export_adaptive(
-        graph, np.ascontiguousarray(x[: min(len(x), 4)]), spec.trained_statistics(), path, opset
+        graph, np.ascontiguousarray(x[: min(len(x), 4)]), trained, path, opset
     )
     # torch's side first, its heap handed back, then onnxruntime's: on a 512 MB board the
     # two working sets do not fit at once
     torch_stats = adapted_statistics(model, x, batch) if spec.normalizes and len(x) >= 2 else []
-    references: list[tuple[np.ndarray | None, np.ndarray, np.ndarray]] = []
+    references: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     if len(x) >= 2:
-        models: list[tuple[np.ndarray | None, EmbeddingModel]] = [(None, model)]
+        models = [(stat_matrix(trained), model)]
         if torch_stats:
             models.append((stat_matrix(torch_stats), with_statistics(model, torch_stats)))
         references = [
@@ -237,7 +238,6 @@ def export_adapting(
     deviation = 0.0
     stats_deviation = 0.0
     for stats, logits, embedded in references:
-        stats = adapter.trained if stats is None else stats
         scores = adapter.head_scores(x, stats, SCORES)
         z = adapter.embeddings(x, stats)
         deviation = max(

@@ -10,8 +10,9 @@ on the shard its config gives it), its state file ``clients/client-<id>.pt`` is 
 read-only (the run's files are never renamed or changed: a state that cannot be used is
 one DataError, never an untrained export), and its method's
 :meth:`~mqttfl.algorithms.base.ClientSide.evaluation_model` for the last round it
-applied is traced to ONNX with a dynamic batch axis (:mod:`mqttfl.export.trace`). The ONNX model is then run with onnxruntime on the client's test windows
-and compared with torch: the largest absolute difference goes into ``sensor.json``.
+applied is traced to ONNX with a dynamic batch axis (:mod:`mqttfl.export.trace`). The
+ONNX model is then run with onnxruntime on the client's test windows and compared with
+torch: the largest absolute difference goes into ``sensor.json``.
 """
 
 from __future__ import annotations

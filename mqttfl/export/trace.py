@@ -38,31 +38,31 @@ def trace_onnx(
     it."""
     import torch
 
+    def export(dynamo: bool) -> None:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module,
+                inputs,
+                str(path),
+                input_names=list(input_names),
+                output_names=list(output_names),
+                dynamic_axes=dynamic_axes,
+                opset_version=opset,
+                dynamo=dynamo,
+                external_data=False,
+            )
+
     quiet = logging.getLogger("torch.onnx")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        for exporter in ("torchscript", "dynamo"):
-            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-                warnings.simplefilter("ignore")
-                try:
-                    torch.onnx.export(
-                        module,
-                        inputs,
-                        str(path),
-                        input_names=list(input_names),
-                        output_names=list(output_names),
-                        dynamic_axes=dynamic_axes,
-                        opset_version=opset,
-                        dynamo=exporter == "dynamo",
-                        external_data=False,
-                    )
-                except torch.onnx.OnnxExporterError:
-                    if exporter == "dynamo":
-                        raise
-                    Path(path).unlink(missing_ok=True)
-                    continue
-            return exporter
-        raise AssertionError("unreachable: the dynamo exporter returns or raises")
+        try:
+            export(dynamo=False)
+            return "torchscript"
+        except torch.onnx.OnnxExporterError:  # an operator it cannot express
+            Path(path).unlink(missing_ok=True)
+        export(dynamo=True)
+        return "dynamo"
     finally:
         quiet.setLevel(level)
