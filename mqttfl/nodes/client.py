@@ -45,7 +45,7 @@ from mqttfl.nodes.client_uploads import Uploads
 from mqttfl.nodes.client_watch import RunWatch
 from mqttfl.nodes.device import build_client_side, round_rng
 from mqttfl.nodes.run_lease import finished_text
-from mqttfl.training.memory import release, resident_mb
+from mqttfl.training.memory import IDLE, resident_mb
 from mqttfl.training.metrics import classification_report
 from mqttfl.wire import Message, Topics, check_id, encode
 from mqttfl.wire.control import Ack, Metrics, Offline, Online, RoundStart, RunStatus
@@ -177,9 +177,14 @@ class ClientRunner:
         )
 
     async def _off_loop(self, func: Callable[..., T], /, *args: Any) -> T:
-        """Run ``func`` off the event loop, so the MQTT keep-alive goes on meanwhile."""
+        """Run ``func`` off the event loop, so the MQTT keep-alive goes on meanwhile; the
+        process's freed heap goes back to the OS once it has been idle a while."""
         call = functools.partial(contextvars.copy_context().run, func, *args)
-        return await asyncio.get_running_loop().run_in_executor(self.executor, call)
+        IDLE.begin()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, call)
+        finally:
+            IDLE.end()
 
     def _spawn(self, coroutine: Coroutine[Any, Any, object]) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -360,7 +365,6 @@ class ClientRunner:
             body = await self._off_loop(self.method.make_upload, t)
         finally:
             self.rounds.training_round = 0
-            release()  # the round's activations and batches, back to the OS
         try:  # refuse to publish anything the method does not permit
             self.schema.validate(body)
         except WireError as exc:
@@ -425,7 +429,6 @@ class ClientRunner:
         extra = await self._off_loop(
             self.method.extra_metrics, self.shard.x_test, self.shard.y_test
         )
-        release()
         bytes_up = self.rounds.applied(t)
         await self.state_file.save(self.model, self.method, self.progress)
         values = {

@@ -8,16 +8,22 @@ is sized to keep the activations under :data:`EVAL_ACTIVATION_BYTES`.
 
 glibc keeps freed heap in its arenas; a round's temporaries (a simulator's arrays, an
 evaluation's outputs) would stay in the process's RSS for the rest of its life.
-:func:`release` returns them at the end of each phase (as Flower's client app does at
-the end of a round, PR #5038).
+:func:`release` returns them. A client that works every round would fault the same
+pages in again at its next pass, so :class:`IdleRelease` returns them at once only where
+memory is short (a board near its limit, a host of many client processes), and
+elsewhere once the process has run no pass for a while: a waiting client holds
+nothing, a busy one keeps its working set.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import functools
 import gc
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mqttfl.training.lazy import no_grad, torch
@@ -51,6 +57,92 @@ def release(*, collect: bool = False) -> None:
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+#: how long a process must have run no pass (training, scoring) before its freed heap
+#: goes back to the OS: longer than a round's gaps between one client's passes (its
+#: upload to the downlink, its scoring to the next start), far shorter than a wait of an
+#: unselected client
+IDLE_RELEASE_S = 2.0
+#: the share of memory in use (the host's, or its cgroup's under a limit) from which a
+#: pass's freed heap goes back at once: memory, not the cores, is then what runs short
+PRESSED_SHARE = 0.5
+
+
+def memory_in_use(proc: Path = Path("/proc"), cgroups: Path = Path("/sys/fs/cgroup")) -> float:
+    """The share of memory in use: the larger of the host's (``1 - MemAvailable /
+    MemTotal``) and, where this process's memory cgroup has a limit, the cgroup's
+    (usage over limit; cgroup v1 or v2). 0.0 where neither can be read."""
+    shares = [0.0]
+    try:
+        info = {}
+        for line in (proc / "meminfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info[key] = int(value.split()[0])
+        shares.append(1.0 - info["MemAvailable"] / info["MemTotal"])
+    except (OSError, ValueError, IndexError, KeyError, ZeroDivisionError):
+        pass
+    try:
+        for line in (proc / "self" / "cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers == "memory":  # v1
+                group = cgroups / "memory" / path.lstrip("/")
+                files = ("memory.usage_in_bytes", "memory.limit_in_bytes")
+            elif controllers == "":  # v2
+                group = cgroups / path.lstrip("/")
+                files = ("memory.current", "memory.max")
+            else:
+                continue
+            usage, limit = ((group / name).read_text().strip() for name in files)
+            if limit.isdigit() and 0 < int(limit) < 2**60:  # "max" or near 2**63: no limit
+                shares.append(int(usage) / int(limit))
+    except (OSError, ValueError):
+        pass
+    return max(shares)
+
+
+class IdleRelease:
+    """:func:`release` once no pass has run for :attr:`after_s` seconds, or as the last
+    pass ends where :attr:`in_use` says :data:`PRESSED_SHARE` of memory is taken.
+
+    Passes :meth:`begin` and :meth:`end` on the event loop; the runners of a fleet share
+    one (:data:`IDLE`), so one runner's release never pulls pages from under another's
+    training.
+    """
+
+    def __init__(
+        self, after_s: float = IDLE_RELEASE_S, in_use: Callable[[], float] = memory_in_use
+    ) -> None:
+        self.after_s = after_s
+        self.in_use = in_use
+        self.running = 0
+        self.releases = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def begin(self) -> None:
+        self.running += 1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def end(self) -> None:
+        self.running = max(0, self.running - 1)
+        if self.running > 0:
+            return
+        if self.in_use() >= PRESSED_SHARE:
+            self._release()
+        else:
+            self._timer = asyncio.get_running_loop().call_later(self.after_s, self._release)
+
+    def _release(self) -> None:
+        self._timer = None
+        if self.running == 0:
+            release()
+            self.releases += 1
+
+
+#: the process's one idle release, shared by every runner in it
+IDLE = IdleRelease()
 
 
 @no_grad
