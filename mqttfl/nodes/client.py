@@ -44,7 +44,8 @@ from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path
 from mqttfl.nodes.client_uploads import Uploads
 from mqttfl.nodes.client_watch import RunWatch
 from mqttfl.nodes.device import build_client_side, round_rng
-from mqttfl.nodes.run_lease import finished_text
+from mqttfl.nodes.manifest import kept_instance
+from mqttfl.nodes.run_lease import finished_text, restarted_text
 from mqttfl.training.memory import IDLE, resident_mb
 from mqttfl.training.metrics import classification_report
 from mqttfl.wire import Message, Topics, check_id, encode
@@ -105,6 +106,8 @@ class ClientRunner:
             log=self.log,
         )
         self.state_file.fresh = self._fresh_state
+        # the instance whose manifest this device's settings came from (None: given directly)
+        self.manifest_instance = kept_instance(self.state_file.path.parent)
         resumed = self.state_file.load(self.model, self.method, self.progress)
         if resumed:
             self.log.info(
@@ -255,7 +258,12 @@ class ClientRunner:
 
     def _see_instance(self, instance: str) -> None:
         """The run names its instance: a state of another one is set aside before the
-        worker acts on anything more (:meth:`_start_afresh`)."""
+        worker acts on anything more (:meth:`_start_afresh`). Settings taken from another
+        instance's manifest (read before its coordinator started the run again) stop the
+        device: they need not be this instance's."""
+        if self.manifest_instance and instance and instance != self.manifest_instance:
+            held = self.manifest_instance
+            raise StateError(restarted_text(self.config.run_id, self.client_id, instance, held))
         resumed = self.rounds.see_instance(instance)
         if resumed is not None:
             tag_process(instance=instance)

@@ -205,6 +205,16 @@ def keep_copy(manifest: Manifest, directory: Path) -> Path:
     return path
 
 
+def kept_instance(directory: Path) -> str | None:
+    """The run instance of the manifest kept in ``directory`` (a device's folder of the
+    run, where :func:`keep_copy` wrote the one it took its settings from); None without
+    a readable one."""
+    try:
+        return read_copy(directory / MANIFEST_FILE).instance
+    except DataError:
+        return None
+
+
 def read_copy(path: Path) -> Manifest:
     """A kept manifest; DataError naming the file and what is wrong with it."""
     try:
