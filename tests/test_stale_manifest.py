@@ -3,8 +3,8 @@
 A device reads the run's retained manifest as it starts. Started a moment before its
 coordinator starts the run id again (``--clear-run``), it reads the earlier instance's
 manifest, then meets the new instance on the bus: it took settings that need not be the
-run's. Found by hand: such a device kept the earlier run's round count, rejected every
-start past it and sat on for good. Now it stops with one line that names both instances.
+run's (with an earlier round count it would reject every start past it and wait for
+good). It stops with one line that names both instances.
 
 As the test makes it happen, deterministically: the coordinator runs; the manifest it keeps
 retained is replaced by the same settings under another instance (what a device that read
