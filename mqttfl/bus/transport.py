@@ -57,6 +57,9 @@ def _no_delay(client: aiomqtt.Client) -> None:
     sock = client._client.socket()  # aiomqtt has no public handle on its socket
     if isinstance(sock, socket.socket):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    # a drop after the session was cancelled (a stopping fleet) is told to a future nobody
+    # awaits: take note of it, or asyncio prints it at exit as never retrieved
+    client._disconnected.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 class ConnectionLost:
