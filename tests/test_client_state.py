@@ -18,7 +18,14 @@ import pytest
 import torch
 
 from mqttfl.config import load_config
-from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path, training_digest
+from mqttfl.nodes.client_state import (
+    Owner,
+    Progress,
+    Snapshot,
+    StateFile,
+    state_path,
+    training_digest,
+)
 from mqttfl.provisioning.local_broker import LocalBroker
 from mqttfl.wire.schemas import ClientInfo
 from tests.faults import CONFIG, Federation
@@ -221,11 +228,10 @@ def test_a_state_that_does_not_load_puts_back_what_the_owner_builds(tmp_path: Pa
     torch.save({**saved, "model": {"weight": torch.zeros(3, 3), "bias": torch.zeros(3)}}, path)
     built: list[int] = []
 
-    def fresh() -> dict[str, Any]:
+    def fresh() -> Snapshot:
         built.append(1)
         state = StateFile.snapshot(model, cast(Any, method), Progress())
-        weights = cast(dict[str, torch.Tensor], state["model"])
-        return {**state, "model": {k: torch.full_like(v, 7.0) for k, v in weights.items()}}
+        return {**state, "model": {k: torch.full_like(v, 7.0) for k, v in state["model"].items()}}
 
     state_file = StateFile(path)
     state_file.fresh = fresh

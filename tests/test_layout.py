@@ -1,6 +1,7 @@
 """The house's rules, read from the source: imports point one way, no cycles, nothing
 private crosses a module boundary, and no file outgrows ~500 lines. The benchmarks keep the
-same rules: they import mqttfl's public names only, never the tests, and stay small.
+same rules: they import mqttfl's public names only, never the tests, and stay small. The
+figures the architecture page counts with ``grep`` are the code's.
 
 Every import counts, also one inside a function or under ``TYPE_CHECKING``: a lazy import
 is still an arrow between rooms.
@@ -9,6 +10,7 @@ is still an arrow between rooms.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -234,3 +236,36 @@ def test_the_package_imports_no_benchmark_and_no_test() -> None:
 @pytest.mark.parametrize("path", BENCH_SOURCES, ids=_bench_id)
 def test_no_benchmark_outgrows_the_limit(path: Path) -> None:
     assert len(path.read_text().splitlines()) <= 520, f"{path} is past ~500 lines: split it"
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "explanation" / "architecture.md"
+GREP_ROW = re.compile(
+    r"^\| [^|]+ \| `grep -rn '(?P<pattern>[^']+)' mqttfl \\\| wc -l` \| [^|]+ \| (?P<now>\d+)"
+)
+
+
+def _from_basic_regex(basic: str) -> str:
+    """grep's basic regex as Python's: there ``(){}+?|`` are plain characters."""
+    out, chars = [], iter(basic)
+    for char in chars:
+        if char == "\\":
+            out.append(char + next(chars, ""))
+        else:
+            out.append("\\" + char if char in "(){}+?|" else char)
+    return "".join(out)
+
+
+def test_the_house_figures_on_the_architecture_page_are_the_codes() -> None:
+    """Each figure the architecture page gives with a ``grep -rn ... | wc -l`` command is
+    what that command counts in the package now (lines that match, as grep counts)."""
+    rows = [m for line in ARCHITECTURE.read_text().splitlines() if (m := GREP_ROW.match(line))]
+    assert len(rows) >= 3, "the page's table of figures has lost its grep rows"
+    for row in rows:
+        pattern = re.compile(_from_basic_regex(row["pattern"]))
+        counted = sum(
+            1 for path in SOURCES for line in path.read_text().splitlines() if pattern.search(line)
+        )
+        assert counted == int(row["now"]), (
+            f"architecture.md says {row['now']} lines match {row['pattern']!r}; the code has "
+            f"{counted}: give the page the new figure"
+        )

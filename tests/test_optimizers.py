@@ -151,8 +151,10 @@ def test_a_second_group_and_its_own_learning_rate_follow_torch() -> None:
     reference = torch.optim.SGD(b.parameters(), lr=0.05, momentum=0.5)
     mine.add_param_group({"params": [extra_a]})
     reference.add_param_group({"params": [extra_b]})
-    for group in [*mine.param_groups, *reference.param_groups]:
+    for group in mine.param_groups:
         group["lr"] = 0.003
+    for torch_group in reference.param_groups:
+        torch_group["lr"] = 0.003
     for x, y in _batches(3):
         for model, optimizer, extra in ((a, mine, extra_a), (b, reference, extra_b)):
             _, z = model(x)

@@ -40,7 +40,7 @@ from mqttfl.logs import get_logger, tag_process
 from mqttfl.nodes import client_privacy
 from mqttfl.nodes.client_inbox import PendingDownlink, Received, read_for_client
 from mqttfl.nodes.client_machine import ClientRounds
-from mqttfl.nodes.client_state import Owner, Progress, StateFile, state_path
+from mqttfl.nodes.client_state import Owner, Progress, Snapshot, StateFile, state_path
 from mqttfl.nodes.client_uploads import Uploads
 from mqttfl.nodes.client_watch import RunWatch
 from mqttfl.nodes.device import build_client_side, round_rng
@@ -145,7 +145,7 @@ class ClientRunner:
         self.state_seen = False  # the run's state, the first time: a finished run is not ours
         self.releases = client_privacy.Releases(self.state_file.path, self.log)
 
-    def _fresh_state(self) -> dict[str, Any]:
+    def _fresh_state(self) -> Snapshot:
         """The state this client had when built (the model from ``config.seed``), built
         again: rarely needed (a state set aside), so not kept beside the live model."""
         algorithm = get_algorithm(self.config.method)

@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict, cast
 
 import numpy as np
 import torch
@@ -42,7 +42,23 @@ if TYPE_CHECKING:
 
     from mqttfl.algorithms.base import ClientSide
     from mqttfl.config import RunConfig
+    from mqttfl.training.optimizers import OptimizerState
     from mqttfl.wire.schemas import ClientInfo
+
+
+class Snapshot(TypedDict):
+    """What a state file holds (:meth:`StateFile.snapshot`, and the owner as it is
+    written). A file read back is only known to be a dict: :meth:`StateFile.restore`
+    raises on what does not fit, and its callers take that as a state that does not load."""
+
+    model: dict[str, torch.Tensor]
+    optimizer: OptimizerState
+    method: dict[str, torch.Tensor]
+    trained_round: int
+    applied_round: int
+    uploads: int
+    instance: str
+    owner: NotRequired[dict[str, object]]
 
 
 @dataclass
@@ -69,7 +85,7 @@ class Owner:
     def of(cls, config: RunConfig, info: ClientInfo) -> Owner:
         return cls(config.run_id, config.method, info.arch, training_digest(config, info))
 
-    def mismatch(self, saved: Any) -> str | None:
+    def mismatch(self, saved: object) -> str | None:
         """Why a file's recorded owner is not this one (None when it is)."""
         if not isinstance(saved, dict):
             return "the file records no run, method, model or config (an older format)"
@@ -118,9 +134,9 @@ class StateFile:
         self._writing: asyncio.Task[None] | None = None
         # Builds the state to start afresh from (a fresh model): set by its owner before
         # load(). Built when needed, not kept: a waiting client holds one model, not two.
-        self.fresh: Callable[[], dict[str, Any]] | None = None
+        self.fresh: Callable[[], Snapshot] | None = None
 
-    def read(self) -> dict[str, object]:
+    def read(self) -> Snapshot:
         """The file's state, never changing the file; DataError naming it and what is
         wrong if it cannot be read (cut short, not a state file)."""
         try:
@@ -137,7 +153,7 @@ class StateFile:
             ) from None
         if not isinstance(state, dict):
             raise DataError(self.path, "unreadable: not a state file")
-        return state
+        return cast("Snapshot", state)
 
     def load(self, model: torch.nn.Module, method: ClientSide, progress: Progress) -> bool:
         """Resume from the file if it is this run's; set it aside (and start fresh) if not."""
@@ -182,7 +198,7 @@ class StateFile:
         method: ClientSide,
         progress: Progress,
         *,
-        state: dict[str, Any] | None = None,
+        state: Snapshot | None = None,
     ) -> None:
         """Load the file (or its ``state`` as :meth:`read` gave it) for a reader such as
         ``mqttfl export``: the file is never renamed or changed, and what cannot be used
@@ -207,7 +223,7 @@ class StateFile:
 
     @staticmethod
     def restore(
-        state: dict[str, Any], model: torch.nn.Module, method: ClientSide, progress: Progress
+        state: Snapshot, model: torch.nn.Module, method: ClientSide, progress: Progress
     ) -> None:
         """Put back what :meth:`snapshot` took (or a state file held)."""
         model.load_state_dict(state["model"])
@@ -219,9 +235,7 @@ class StateFile:
         progress.instance = str(state.get("instance", ""))
 
     @staticmethod
-    def snapshot(
-        model: torch.nn.Module, method: ClientSide, progress: Progress
-    ) -> dict[str, object]:
+    def snapshot(model: torch.nn.Module, method: ClientSide, progress: Progress) -> Snapshot:
         return {
             "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
             "optimizer": copy.deepcopy(method.optimizer.state_dict()),
@@ -234,7 +248,7 @@ class StateFile:
             "instance": progress.instance,
         }
 
-    def _write(self, snapshot: dict[str, Any]) -> None:
+    def _write(self, snapshot: Snapshot) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.owner is not None:
             snapshot = {**snapshot, "owner": asdict(self.owner)}

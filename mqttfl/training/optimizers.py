@@ -12,21 +12,53 @@ torch's layout, so a client's state file loads into either.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, cast
 
 from mqttfl.training.lazy import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["SGD", "Adam", "Optimizer", "Stepper"]
+__all__ = ["SGD", "Adam", "Hyperparameters", "Optimizer", "OptimizerState", "ParamGroup", "Stepper"]
+
+
+class Hyperparameters(TypedDict, total=False):
+    """SGD's or Adam's, under torch's names."""
+
+    lr: float
+    momentum: float
+    dampening: float
+    weight_decay: float
+    nesterov: bool
+    betas: tuple[float, float]
+    eps: float
+
+
+class ParamGroup(Hyperparameters, total=False):
+    """One group of parameters and the hyper-parameters that apply to it."""
+
+    params: list[Tensor]
+
+
+class SavedGroup(Hyperparameters, total=False):
+    """A group in a ``state_dict``: its parameters by number."""
+
+    params: list[int]
+
+
+class OptimizerState(TypedDict):
+    """torch's ``state_dict`` layout: parameters numbered across groups, in order."""
+
+    state: dict[int, dict[str, Tensor]]
+    param_groups: list[SavedGroup]
 
 
 class Stepper(Protocol):
     """What a training loop needs of an optimizer (ours or ``torch.optim``'s)."""
 
-    param_groups: list[dict[str, Any]]
+    @property
+    def param_groups(self) -> Sequence[Mapping[str, Any]]: ...
 
     def zero_grad(self, set_to_none: bool = True) -> None: ...
 
@@ -36,15 +68,15 @@ class Stepper(Protocol):
 class Optimizer:
     """Parameter groups, per-parameter state and torch's ``state_dict`` layout."""
 
-    def __init__(self, params: Iterable[Tensor], defaults: dict[str, Any]) -> None:
+    def __init__(self, params: Iterable[Tensor], defaults: Hyperparameters) -> None:
         self.defaults = defaults
-        self.param_groups: list[dict[str, Any]] = []
+        self.param_groups: list[ParamGroup] = []
         self.state: dict[Tensor, dict[str, Tensor]] = {}
         self.add_param_group({"params": list(params)})
 
-    def add_param_group(self, group: dict[str, Any]) -> None:
-        params = group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
+    def add_param_group(self, group: ParamGroup) -> None:
+        given: Tensor | Iterable[Tensor] = group["params"]
+        params = [given] if isinstance(given, torch.Tensor) else list(given)
         seen = {id(p) for g in self.param_groups for p in g["params"]}
         if any(id(p) in seen for p in params):
             raise ValueError("a parameter appears in more than one group")
@@ -68,12 +100,10 @@ class Optimizer:
                     if p.grad is not None:
                         self._update(p, p.grad, group, self.state.setdefault(p, {}))
 
-    def _update(
-        self, p: Tensor, grad: Tensor, group: dict[str, Any], state: dict[str, Tensor]
-    ) -> None:
+    def _update(self, p: Tensor, grad: Tensor, group: ParamGroup, state: dict[str, Tensor]) -> None:
         raise NotImplementedError
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> OptimizerState:
         """``{"state": {index: {...}}, "param_groups": [{..., "params": [index, ...]}]}``,
         parameters numbered across groups in order, as torch numbers them."""
         index: dict[int, int] = {}
@@ -81,13 +111,13 @@ class Optimizer:
         for group in self.param_groups:
             for p in group["params"]:
                 index.setdefault(id(p), len(index))
-            packed = {k: v for k, v in group.items() if k != "params"}
+            packed = cast("SavedGroup", {k: v for k, v in group.items() if k != "params"})
             packed["params"] = [index[id(p)] for p in group["params"]]
             groups.append(packed)
         state = {index[id(p)]: dict(s) for p, s in self.state.items() if s}
         return {"state": state, "param_groups": groups}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: OptimizerState) -> None:
         """Put back a :meth:`state_dict` (ours or a ``torch.optim`` one of the same kind):
         the saved hyper-parameters and state, onto this optimizer's parameters. The state's
         tensors are copied, so the dict can be loaded again."""
@@ -109,7 +139,7 @@ class Optimizer:
             }
         keep = set(self.defaults)
         self.param_groups = [
-            {**g, **{k: v for k, v in s.items() if k in keep}}
+            cast("ParamGroup", {**g, **{k: v for k, v in s.items() if k in keep}})
             for s, g in zip(saved, self.param_groups, strict=True)
         ]
 
@@ -129,18 +159,16 @@ class SGD(Optimizer):
     ) -> None:
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum needs a momentum and zero dampening")
-        defaults = {
-            "lr": lr,
-            "momentum": momentum,
-            "dampening": dampening,
-            "weight_decay": weight_decay,
-            "nesterov": nesterov,
-        }
+        defaults = Hyperparameters(
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+        )
         super().__init__(params, defaults)
 
-    def _update(
-        self, p: Tensor, grad: Tensor, group: dict[str, Any], state: dict[str, Tensor]
-    ) -> None:
+    def _update(self, p: Tensor, grad: Tensor, group: ParamGroup, state: dict[str, Tensor]) -> None:
         if group["weight_decay"] != 0:
             grad = grad.add(p, alpha=group["weight_decay"])
         momentum = group["momentum"]
@@ -168,12 +196,10 @@ class Adam(Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
     ) -> None:
-        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        defaults = Hyperparameters(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
 
-    def _update(
-        self, p: Tensor, grad: Tensor, group: dict[str, Any], state: dict[str, Tensor]
-    ) -> None:
+    def _update(self, p: Tensor, grad: Tensor, group: ParamGroup, state: dict[str, Tensor]) -> None:
         if not state:
             dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
             state["step"] = torch.tensor(0.0, dtype=dtype)
