@@ -148,6 +148,17 @@ def test_a_downlink_with_nan_huge_or_non_numeric_values_is_refused() -> None:
         assert info.value.reason == reason, body
 
 
+def test_a_run_status_names_its_manifests_digest_or_nothing() -> None:
+    digest = "ab" * 32
+    status = RunStatus("waiting", 0, instance="0123456789abcdef", settings=digest)
+    assert read_run_status(status.encode(RUN), run_id=RUN).settings == digest
+    assert read_run_status(RunStatus("waiting", 0).encode(RUN), run_id=RUN).settings == ""
+    for bad in ["ab" * 31, "AB" * 32, "zz" * 32, 7, "ab" * 33]:
+        with pytest.raises(WireError) as info:
+            read_run_status(_raw("state", {"phase": "waiting", "settings": bad}), run_id=RUN)
+        assert info.value.reason == "type", bad
+
+
 def test_a_finished_run_status_has_no_start_and_an_open_one_has_its_own() -> None:
     with pytest.raises(WireError):
         RunStatus("open", 2)

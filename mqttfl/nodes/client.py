@@ -44,8 +44,8 @@ from mqttfl.nodes.client_state import Owner, Progress, Snapshot, StateFile, stat
 from mqttfl.nodes.client_uploads import Uploads
 from mqttfl.nodes.client_watch import RunWatch
 from mqttfl.nodes.device import build_client_side, round_rng
-from mqttfl.nodes.manifest import kept_instance
-from mqttfl.nodes.run_lease import finished_text, restarted_text
+from mqttfl.nodes.manifest import follow_instance, kept_manifest
+from mqttfl.nodes.run_lease import finished_text
 from mqttfl.training.memory import IDLE, resident_mb
 from mqttfl.training.metrics import classification_report
 from mqttfl.wire import Message, Topics, check_id, encode
@@ -106,8 +106,8 @@ class ClientRunner:
             log=self.log,
         )
         self.state_file.fresh = self._fresh_state
-        # the instance whose manifest this device's settings came from (None: given directly)
-        self.manifest_instance = kept_instance(self.state_file.path.parent)
+        # the manifest this device's settings came from (None: given directly)
+        self.manifest = kept_manifest(self.state_file.path.parent)
         resumed = self.state_file.load(self.model, self.method, self.progress)
         if resumed:
             self.log.info(
@@ -244,7 +244,8 @@ class ClientRunner:
             message = received.message
             self.watch.on_coordinator()
             if isinstance(message, RunStatus | RoundStart):
-                self._see_instance(message.instance)
+                settings = message.settings if isinstance(message, RunStatus) else ""
+                self._see_instance(message.instance, settings)
             if isinstance(message, RunStatus):
                 self._check_not_finished_before(message)
             if isinstance(message, RunStatus) and message.start is not None:
@@ -256,14 +257,15 @@ class ClientRunner:
                 continue
             self.work.put_nowait(received)
 
-    def _see_instance(self, instance: str) -> None:
+    def _see_instance(self, instance: str, settings: str) -> None:
         """The run names its instance: a state of another one is set aside before the
-        worker acts on anything more (:meth:`_start_afresh`). Settings taken from another
-        instance's manifest (read before its coordinator started the run again) stop the
-        device: they need not be this instance's."""
-        if self.manifest_instance and instance and instance != self.manifest_instance:
-            held = self.manifest_instance
-            raise StateError(restarted_text(self.config.run_id, self.client_id, instance, held))
+        worker acts on anything more (:meth:`_start_afresh`); settings of another
+        instance's manifest go on only where they are the run's (:func:`follow_instance`)."""
+        if (kept := self.manifest) is not None:
+            folder, me = self.state_file.path.parent, self.client_id
+            self.manifest = follow_instance(kept, instance, settings, folder, client_id=me)
+            if self.manifest is not kept:
+                self.log.info("manifest.renewed", instance=instance, previous=kept.instance)
         resumed = self.rounds.see_instance(instance)
         if resumed is not None:
             tag_process(instance=instance)

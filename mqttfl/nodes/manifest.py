@@ -26,6 +26,7 @@ from mqttfl.config import RunConfig, config_from_tree
 from mqttfl.errors import DataError, StateError, UsageError, WireError
 from mqttfl.files import write_atomic
 from mqttfl.logs import get_logger
+from mqttfl.nodes.run_lease import restarted_text
 from mqttfl.wire import Topics
 from mqttfl.wire.manifest import Manifest, read_manifest
 
@@ -205,14 +206,31 @@ def keep_copy(manifest: Manifest, directory: Path) -> Path:
     return path
 
 
-def kept_instance(directory: Path) -> str | None:
-    """The run instance of the manifest kept in ``directory`` (a device's folder of the
-    run, where :func:`keep_copy` wrote the one it took its settings from); None without
-    a readable one."""
+def kept_manifest(directory: Path) -> Manifest | None:
+    """The manifest kept in ``directory`` (a device's folder of the run, where
+    :func:`keep_copy` wrote the one it took its settings from); None without a readable one."""
     try:
-        return read_copy(directory / MANIFEST_FILE).instance
+        return read_copy(directory / MANIFEST_FILE)
     except DataError:
         return None
+
+
+def follow_instance(
+    kept: Manifest, instance: str, settings: str, directory: Path, *, client_id: str
+) -> Manifest:
+    """The manifest a device goes on with once the run says it is ``instance`` with
+    ``settings`` (its manifest's digest): the kept one, renewed under the new instance
+    and kept in its place where the settings are the same (the coordinator started the
+    run id again unchanged); StateError, one line, where they differ or the run does
+    not say them."""
+    if not instance or instance == kept.instance:
+        return kept
+    if settings != kept.digest:
+        run_id = str(kept.config.get("run_id", ""))
+        raise StateError(restarted_text(run_id, client_id, instance, kept.instance))
+    renewed = Manifest(kept.config, instance)
+    keep_copy(renewed, directory)
+    return renewed
 
 
 def read_copy(path: Path) -> Manifest:

@@ -57,7 +57,10 @@ class RunBoard:
             if self.status is None:
                 return
             self.status = replace(
-                self.status, throttled=self._throttled(), instance=self._instance()
+                self.status,
+                throttled=self._throttled(),
+                instance=self._instance(),
+                settings=self.manifest.digest,
             )
             await self.bus.publish(self.topics.state, self.status.encode(self.run_id), retain=True)
 

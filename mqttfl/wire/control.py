@@ -91,6 +91,13 @@ def run_instance(value: Any) -> str:
     return value
 
 
+def settings_digest(value: object) -> str:
+    """A manifest's SHA-256 digest (64 lowercase hex digits; empty where none is said)."""
+    if not isinstance(value, str) or (value and (len(value) != 64 or set(value) - INSTANCE_CHARS)):
+        raise WireError("type", "'settings' must be a manifest's digest, 64 hex digits")
+    return value
+
+
 def text_field(name: str, value: Any, limit: int = MAX_REASON_CHARS) -> str:
     if not isinstance(value, str) or len(value) > limit:
         raise WireError("type", f"'{name}' must be a string of at most {limit} characters")
@@ -322,10 +329,14 @@ class RunStatus:
     instance: str = ""  # the run instance (RoundStart): which run of this run id
     # Why a finished run stopped before its last round ("": it ran them all).
     ended: str = ""
+    # The digest of the run's manifest (its settings; "": not said): a device that took
+    # its settings from another instance's manifest goes on where they are the same.
+    settings: str = ""
 
     def __post_init__(self) -> None:
         run_instance(self.instance)
         text_field("ended", self.ended)
+        settings_digest(self.settings)
         if self.ended and self.phase != "finished":
             raise WireError("range", "only a finished run says why it ended")
         if self.phase not in _PHASES:
@@ -351,6 +362,8 @@ class RunStatus:
             body["instance"] = self.instance
         if self.ended:
             body["ended"] = self.ended
+        if self.settings:
+            body["settings"] = self.settings
         return encode(Message("state", run, self.round, COORDINATOR, body))
 
 
@@ -358,7 +371,9 @@ def read_run_status(raw: bytes, *, run_id: str) -> RunStatus:
     message = read_envelope(raw, "state", run_id, sender=COORDINATOR, round=None)
     body = message.body
     body_keys(
-        body, {"phase"}, frozenset({"start", "finished_at", "throttled", "instance", "ended"})
+        body,
+        {"phase"},
+        frozenset({"start", "finished_at", "throttled", "instance", "ended", "settings"}),
     )
     start = RoundStart.from_body(message.round, body["start"]) if "start" in body else None
     throttled = client_ids("throttled", body.get("throttled", []))
@@ -371,6 +386,7 @@ def read_run_status(raw: bytes, *, run_id: str) -> RunStatus:
         throttled,
         instance,
         text_field("ended", body.get("ended", "")),
+        settings_digest(body.get("settings", "")),
     )
 
 
