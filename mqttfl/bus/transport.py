@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from mqttfl.bus.address import BrokerAddress, Credentials
+from mqttfl.bus.connection import ConnectionLost, no_delay
 from mqttfl.bus.library_log import LIBRARY_LOG
 from mqttfl.bus.refusal import (
     CLIENT_HINT,
@@ -49,41 +49,6 @@ from mqttfl.wire.chunks import Reassembler, is_chunk, message_id_of, payload_bud
 
 Birth = Callable[[], list[tuple[str, bytes, bool]]]
 ConnectionListener = Callable[[bool], None]
-
-
-def _no_delay(client: aiomqtt.Client) -> None:
-    """Turn Nagle's algorithm off (paho leaves it on): otherwise the tail of a message
-    written right after another waits for the broker's delayed ACK, 40 ms on Linux."""
-    sock = client._client.socket()  # aiomqtt has no public handle on its socket
-    if isinstance(sock, socket.socket):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    # a drop after the session was cancelled (a stopping fleet) is told to a future nobody
-    # awaits: take note of it, or asyncio prints it at exit as never retrieved
-    client._disconnected.add_done_callback(lambda done: done.cancelled() or done.exception())
-
-
-class ConnectionLost:
-    """Set when one connection drops. The publishes awaiting its PUBACKs all wait on one
-    future (not a task each: a round's hundred downlinks are a hundred fewer tasks)."""
-
-    def __init__(self) -> None:
-        self._set = False
-        self._future: asyncio.Future[None] | None = None
-
-    def set(self) -> None:
-        self._set = True
-        if self._future is not None and not self._future.done():
-            self._future.set_result(None)
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def future(self) -> asyncio.Future[None]:
-        if self._future is None:
-            self._future = asyncio.get_running_loop().create_future()
-            if self._set:
-                self._future.set_result(None)
-        return self._future
 
 
 @dataclass
@@ -280,7 +245,7 @@ class Bus:
         while True:
             try:
                 async with self._make_client() as client:
-                    _no_delay(client)
+                    no_delay(client)
                     for topic in self.subscriptions:
                         self._check_subscribed(topic, await client.subscribe(topic, qos=1))
                     lost = ConnectionLost()
