@@ -166,3 +166,16 @@ def test_each_upload_is_charged_and_the_one_past_the_budget_is_not(epsilon: floa
     unlimited, _ = _machine()
     assert unlimited.charge()
     assert unlimited.progress.uploads == 0
+
+
+def test_an_apply_is_written_at_once_only_for_a_round_trained_or_the_last() -> None:
+    rounds, _ = _machine()
+    assert not rounds.keeps(1, last_round=5)  # sat out: written with the next state
+    rounds.trained(2, 100)
+    assert rounds.keeps(2, last_round=5)  # its own update came back
+    assert not rounds.keeps(3, last_round=5)
+    assert rounds.keeps(5, last_round=5)  # the last round: every client writes it
+    rounds.on_progress(RunStatus("finished", 4))
+    assert rounds.keeps(4, last_round=5)  # a run that finished early: its last round
+    buffered, _ = _machine(buffered=True)
+    assert buffered.keeps(1, last_round=5)  # buffered mode writes every version

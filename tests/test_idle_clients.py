@@ -1,6 +1,8 @@
 """``federation.evaluate = "when_trained"``: a client that was not selected applies the
 round's downlink and scores nothing, as a simulation evaluates only the clients it
-sampled; every client scores the last round, so the final table has them all."""
+sampled; every client scores the last round, so the final table has them all. A round a
+client sat out is not written to its state file at once (the next state it writes holds
+it), so an idle client writes nothing a round; the run's last round is written by all."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from mqttfl.config import load_config
 from mqttfl.errors import ConfigError
@@ -37,6 +40,7 @@ def _run(out: Path, evaluate: str) -> tuple[dict[tuple[int, str], bool], dict[st
         "federation.fraction=0.5",
         "federation.min_clients=2",
         f"federation.evaluate={evaluate}",
+        "logging.level=debug",
     ]
     args = [arg for item in sets for arg in ("--set", item)]
     result = mqttfl(
@@ -75,6 +79,13 @@ def test_an_idle_client_scores_only_the_rounds_it_trained_in_and_the_last(
     assert set(scored) == {p for p in trained if p[0] < ROUNDS} | last
     assert all(scored[p] for p in trained)  # what it scored it had trained
     assert any(not scored[p] for p in last)  # the last round: the idle ones too
+    out = tmp_path / "when-trained"
+    for c in CLIENTS:
+        applied = read_events(out / "logs" / f"client-{c}.jsonl")
+        kept = {e["round"]: e["kept"] for e in applied if e["event"] == "downlink.applied"}
+        assert kept == {t: False for t in range(1, ROUNDS) if t not in uploaded[c]}, c
+        state = torch.load(out / "clients" / "fedapa-csi" / f"client-{c}.pt", weights_only=True)
+        assert state["applied_round"] == ROUNDS, c  # written at the last round, idle or not
 
     everything, _ = _run(tmp_path / "every-round", "every_round")
     assert set(everything) == {(t, c) for t in range(1, ROUNDS + 1) for c in CLIENTS}

@@ -429,10 +429,12 @@ class ClientRunner:
         assert pending.broadcast is not None
         personal = dict(pending.personal.body) if pending.personal is not None else None
         self.method.receive(t, dict(pending.broadcast.body), personal)
+        kept = self.rounds.keeps(t, self.config.rounds)
         if not self._scores(t):
             self.rounds.applied(t)
-            await self.state_file.save(self.model, self.method, self.progress)
-            self.log.debug("downlink.applied", round=t, scored=False)
+            if kept:
+                await self.state_file.save(self.model, self.method, self.progress)
+            self.log.debug("downlink.applied", round=t, scored=False, kept=kept)
             return
         predicted = await self._off_loop(self.method.predict, self.shard.x_test)
         report = classification_report(self.shard.y_test, predicted)
@@ -440,7 +442,8 @@ class ClientRunner:
             self.method.extra_metrics, self.shard.x_test, self.shard.y_test
         )
         bytes_up = self.rounds.applied(t)
-        await self.state_file.save(self.model, self.method, self.progress)
+        if kept:
+            await self.state_file.save(self.model, self.method, self.progress)
         values = {
             **extra,
             **report,

@@ -176,6 +176,19 @@ class ClientRounds:
         self.progress.applied_round = t
         return self.progress.bytes_up.pop(t, 0)
 
+    def keeps(self, t: int, last_round: int) -> bool:
+        """Whether the state with round t applied is written now: where this client trained
+        round t (its own update came back), and at the run's last round. A round it sat
+        out goes to disk with the next state it writes; killed before that, it resumes
+        from the one it wrote last and takes the run's newest downlink, as a client that
+        was away for those rounds does. An idle client then writes nothing a round. (In
+        buffered mode every version applied is written.)"""
+        return (
+            self.buffered
+            or t in (self.progress.trained_round, self.finish_round)
+            or t >= last_round
+        )
+
     @property
     def done(self) -> bool:
         """The run finished and its last round is applied."""
