@@ -13,7 +13,8 @@ median interval between round ends), the peak of the summed PSS of the whole pro
 tree (sampled every ``SAMPLE_EVERY_S``), and the final round's mean test accuracy over
 the clients that scored it (mqttfl: every client scores the last round, and before it
 only the K that trained, ``federation.evaluate=when_trained``; Flower: the K it sampled
-to evaluate). Ratios are mqttfl over Flower, medians of the runs.
+to evaluate). Ratios are mqttfl over Flower, medians of the runs that completed; a run
+still going after ``RUN_TIMEOUT_S`` is killed, kept in the JSON and left out of them.
 
     python -m benchmarks.bench_simulation [--quick]     # --quick: N=10 only, one run each
 
@@ -27,6 +28,7 @@ import contextlib
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -52,6 +54,7 @@ SHARD = ["method=fedavg", "data.samples_per_client=100"]
 ROUNDS = 5
 SIZES = {10: 10, 100: 10, 1000: 10}  # N -> clients training each round
 SAMPLE_EVERY_S = 1.0
+RUN_TIMEOUT_S = 1800.0  # a run past this is killed and left out of the medians
 
 
 def _tree(root: int) -> list[int]:
@@ -85,6 +88,9 @@ class PeakPss(threading.Thread):
 
 
 def _timed(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One run, in a session of its own: past ``RUN_TIMEOUT_S`` its whole process group is
+    killed and the run counts as failed (a Flower simulation once spun for 14 minutes)."""
+    timed_out = False
     with open(log_path, "wb") as handle:
         began = time.monotonic()
         process = subprocess.Popen(
@@ -93,14 +99,22 @@ def _timed(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -
             stderr=subprocess.STDOUT,
             cwd=REPO,
             env={**os.environ, **(env or {})},
+            start_new_session=True,
         )
         sampler = PeakPss(process)
         sampler.start()
-        process.wait()
+        try:
+            process.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
         wall = time.monotonic() - began
         sampler.join()
     return {
         "exit_code": process.returncode,
+        "timed_out": timed_out,
         "wall_s": round(wall, 1),
         "peak_pss_mb": round(sampler.peak_mb, 1),
     }
@@ -172,7 +186,8 @@ def run_flower(n: int, k: int, index: int) -> dict[str, Any]:
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in runs if r.get(key) is not None]
+    """Over the runs that completed (exit 0); every run stays in the JSON."""
+    values = [r[key] for r in runs if r.get(key) is not None and r["exit_code"] == 0]
     return statistics.median(values) if values else None
 
 
@@ -198,7 +213,7 @@ def run(quick: bool) -> dict[str, Any]:
             entry[key] = {"mqttfl": ours, "flower": theirs}
             if ours is not None and theirs:
                 entry[key]["ratio"] = round(ours / theirs, 3)
-        entry["wall_s_mqttfl"] = stats(r["wall_s"] for r in sides["mqttfl"])
+        entry["wall_s_mqttfl"] = stats(r["wall_s"] for r in sides["mqttfl"] if r["exit_code"] == 0)
         results[str(n)] = entry
     return {"rounds": ROUNDS, "task": SHARD, "sizes": results}
 
