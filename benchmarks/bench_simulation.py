@@ -89,7 +89,7 @@ class PeakPss(threading.Thread):
 
 def _timed(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     """One run, in a session of its own: past ``RUN_TIMEOUT_S`` its whole process group is
-    killed and the run counts as failed (a Flower simulation once spun for 14 minutes)."""
+    killed and the run counts as failed."""
     timed_out = False
     with open(log_path, "wb") as handle:
         began = time.monotonic()

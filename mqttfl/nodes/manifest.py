@@ -26,7 +26,6 @@ from mqttfl.config import RunConfig, config_from_tree
 from mqttfl.errors import DataError, StateError, UsageError, WireError
 from mqttfl.files import write_atomic
 from mqttfl.logs import get_logger
-from mqttfl.nodes.run_lease import restarted_text
 from mqttfl.wire import Topics
 from mqttfl.wire.manifest import Manifest, read_manifest
 
@@ -227,7 +226,11 @@ def follow_instance(
         return kept
     if settings != kept.digest:
         run_id = str(kept.config.get("run_id", ""))
-        raise StateError(restarted_text(run_id, client_id, instance, kept.instance))
+        raise StateError(
+            f"run {run_id!r} is now instance {instance}, and client {client_id!r} took other "
+            f"settings from the manifest of instance {kept.instance} (its coordinator started "
+            "the run again since): start the client again to take the run's settings now"
+        )
     renewed = Manifest(kept.config, instance)
     keep_copy(renewed, directory)
     return renewed

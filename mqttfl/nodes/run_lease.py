@@ -67,14 +67,6 @@ def finished_text(run_id: str, status: RunStatus, broker: BrokerAddress) -> str:
     )
 
 
-def restarted_text(run_id: str, client_id: str, live: str, held: str) -> str:
-    return (
-        f"run {run_id!r} is now instance {live}, and client {client_id!r} took other settings "
-        f"from the manifest of instance {held} (its coordinator started the run again "
-        "since): start the client again to take the run's settings now"
-    )
-
-
 def my_lease() -> Lease:
     return taken(socket.gethostname(), os.getpid())
 
