@@ -12,7 +12,14 @@ import torch
 from torch import nn
 
 from mqttfl.adaptation.moments import MomentSums
-from mqttfl.adaptation.shift import ShiftGate, calibrate, fit_ratio, prototype_fit, shift_score
+from mqttfl.adaptation.shift import (
+    CALIBRATION_WINDOWS,
+    ShiftGate,
+    calibrate,
+    fit_ratio,
+    prototype_fit,
+    shift_score,
+)
 from mqttfl.training.loops import predict_logits
 from mqttfl.training.normstats import adapted_statistics, trained_statistics
 from tests.inprocess import Federation
@@ -77,6 +84,28 @@ def test_one_training_session_is_calibrated_on_its_halves_and_small_days_are_lef
     small = calibrate(fits, (np.zeros(1), np.ones(1)), x[:6], np.zeros(6))
     assert small.calibration == "none"
     assert small.threshold == 1.0  # no day to learn from: adapt only where the fit holds
+
+
+def test_a_long_training_day_is_fitted_on_a_bounded_evenly_spaced_sample() -> None:
+    # day 0: 100 windows numbered 0..99; day 1: 8 windows, at the bound
+    x = np.concatenate([np.arange(100.0), 1000.0 + np.arange(8.0)]).astype(np.float32)[:, None]
+    sessions = np.repeat([0, 1], [100, 8])
+    seen: list[np.ndarray] = []
+
+    def fits(day: np.ndarray) -> tuple[float, float]:
+        seen.append(day[:, 0].copy())
+        return 1.0, 1.0
+
+    calibrate(fits, (np.zeros(1), np.ones(1)), x, sessions, most=8)
+    # 0..99 thinned to 8: the first, the last and six evenly between (99/7 apart, rounded)
+    np.testing.assert_array_equal(seen[0], [0, 14, 28, 42, 57, 71, 85, 99])
+    np.testing.assert_array_equal(seen[1], 1000.0 + np.arange(8.0))
+    seen.clear()
+    calibrate(fits, (np.zeros(1), np.ones(1)), x, sessions, most=None)
+    assert [len(day) for day in seen] == [100, 8]
+    seen.clear()
+    calibrate(fits, (np.zeros(1), np.ones(1)), x, sessions)  # the default bound
+    assert [len(day) for day in seen] == [CALIBRATION_WINDOWS, 8]
 
 
 def test_the_shift_score_of_a_gate_is_against_the_training_moments() -> None:

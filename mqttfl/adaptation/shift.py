@@ -54,6 +54,11 @@ VAR_FLOOR = 1e-8
 GATE_VERSION = 1
 #: the fewest windows of a training session that calibrate the threshold
 MIN_SESSION = 8
+#: the most windows of one training session the threshold is calibrated on, evenly
+#: spaced in recording order: the day's statistics are means over every window's
+#: positions, and its fit a mean over windows, so a bounded sample estimates both while
+#: the calibration's cost no longer grows with the training data
+CALIBRATION_WINDOWS = 48
 #: where a threshold may lie: a fit ratio is a ratio of mean cosines, near 1 on every
 #: session measured (0.47-5.7); past 10 no session would adapt, below 0 every one would
 THRESHOLD_RANGE = (0.0, 10.0)
@@ -159,16 +164,27 @@ class ShiftGate:
         )
 
 
+def spaced(mask: np.ndarray, most: int | None) -> np.ndarray:
+    """The indices of ``mask``'s windows, thinned to at most ``most`` evenly spaced ones
+    (the first and the last kept)."""
+    index = np.flatnonzero(mask)
+    if most is None or len(index) <= most:
+        return index
+    return index[np.linspace(0, len(index) - 1, most).round().astype(np.int64)]
+
+
 def calibrate(
     fits: Callable[[np.ndarray], tuple[float, float]],
     moments: tuple[np.ndarray, np.ndarray],
     x_train: np.ndarray,
     sessions: np.ndarray | None,
+    most: int | None = CALIBRATION_WINDOWS,
 ) -> ShiftGate:
     """The gate of the module docstring. ``fits(x)`` gives (fit under the trained
     statistics, fit under the statistics re-estimated on ``x``) for the windows ``x``;
     ``moments`` are the training windows' first-layer (mean, var); ``sessions`` the
-    training windows' session ids (None: one session, in recording order)."""
+    training windows' session ids (None: one session, in recording order). Each session
+    is fitted on at most ``most`` of its windows, evenly spaced (None: all of them)."""
     ids = np.zeros(len(x_train), np.int64) if sessions is None else np.asarray(sessions)
     # each day's windows are copied out only while that day is fitted (memory: a board)
     masks = [ids == s for s in np.unique(ids)]
@@ -179,7 +195,7 @@ def calibrate(
     ratios = []
     for mask in masks:
         if int(mask.sum()) >= MIN_SESSION:
-            trained, adapted = fits(x_train[mask])
+            trained, adapted = fits(x_train[spaced(mask, most)])
             ratios.append(fit_ratio(adapted, trained))
     if not ratios:  # no day to learn from: adapt only where the fit does not fall
         return ShiftGate(moments[0], moments[1], 1.0, "none", ())

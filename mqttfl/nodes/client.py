@@ -99,6 +99,7 @@ class ClientRunner:
         self.failed = False  # a loop died and said so in its offline status
         self.work: asyncio.Queue[Received] = asyncio.Queue()
         self._healed = -HEAL_INTERVAL_S
+        self._acting = ("", 0)  # the kind and round of the message the worker acts on
         self.log = get_logger(run_id=config.run_id, client_id=client_id)
         self.state_file = StateFile(
             state_path(state_dir, config.run_id, client_id),
@@ -225,36 +226,37 @@ class ClientRunner:
         self.finished.set()
 
     async def _reader(self) -> None:
-        while True:
-            incoming = await self.bus.incoming.get()
-            if not incoming.payload and incoming.error is None:
-                continue  # a cleared retained message
-            try:
-                received = self._read(incoming)
-            except WireError as exc:
-                self.log.warning(
-                    "message.rejected",
-                    topic=incoming.topic[:200],
-                    reason=exc.reason,
-                    detail=exc.detail,
-                )
-                continue
-            if received is None:
-                continue
-            message = received.message
-            self.watch.on_coordinator()
-            if isinstance(message, RunStatus | RoundStart):
-                settings = message.settings if isinstance(message, RunStatus) else ""
-                self._see_instance(message.instance, settings)
-            if isinstance(message, RunStatus):
-                self._check_not_finished_before(message)
-            if isinstance(message, RunStatus) and message.start is not None:
-                message = message.start
-            if isinstance(message, RoundStart):
-                self._acknowledge(message)
-            if isinstance(message, Resend):
-                self._spawn(self.uploads.resend_asked(message, self.rounds.closed_round))
-                continue
+        while True:  # a message's payload and decoded body go with _take's frame
+            self._take(await self.bus.incoming.get())
+
+    def _take(self, incoming: Incoming) -> None:
+        if not incoming.payload and incoming.error is None:
+            return  # a cleared retained message
+        try:
+            received = self._read(incoming)
+        except WireError as exc:
+            self.log.warning(
+                "message.rejected", topic=incoming.topic[:200], reason=exc.reason, detail=exc.detail
+            )
+            return
+        if received is not None:
+            self._route(received)
+
+    def _route(self, received: Received) -> None:
+        message = received.message
+        self.watch.on_coordinator()
+        if isinstance(message, RunStatus | RoundStart):
+            settings = message.settings if isinstance(message, RunStatus) else ""
+            self._see_instance(message.instance, settings)
+        if isinstance(message, RunStatus):
+            self._check_not_finished_before(message)
+        if isinstance(message, RunStatus) and message.start is not None:
+            message = message.start
+        if isinstance(message, RoundStart):
+            self._acknowledge(message)
+        if isinstance(message, Resend):
+            self._spawn(self.uploads.resend_asked(message, self.rounds.closed_round))
+        else:
             self.work.put_nowait(received)
 
     def _see_instance(self, instance: str, settings: str) -> None:
@@ -281,26 +283,24 @@ class ClientRunner:
     # --- acting --------------------------------------------------------------------------
     async def _worker(self) -> None:
         while True:
-            received = await self.work.get()
-            try:
-                await self._act(received)
+            try:  # handed over whole: a downlink _act has applied is held by no frame
+                await self._act(await self.work.get())
             except Refused:
                 raise  # the broker refuses our uploads: nothing we report would count
             except Exception as exc:  # one message never ends the client
-                self.log.warning(
-                    "message.failed",
-                    kind=type(received.message).__name__,
-                    round=received.message.round,
-                    error=f"{type(exc).__name__}: {exc}"[:300],
-                )
+                kind, t = self._acting
+                error = f"{type(exc).__name__}: {exc}"[:300]
+                self.log.warning("message.failed", kind=kind, round=t, error=error)
 
     async def _act(self, received: Received) -> None:
         message = received.message
+        self._acting = (type(message).__name__, message.round)
         assert not isinstance(message, Resend)  # handled by the reader
         if self.rounds.next_instance:
             await self._start_afresh()
         if isinstance(message, Downlink):
             self.rounds.take_downlink(message, broadcast=received.broadcast, size=received.size)
+            del message, received  # the machine holds it until it is applied
             await self._apply_ready()
             return
         if self.rounds.on_progress(message):
@@ -414,23 +414,21 @@ class ClientRunner:
         while (ready := self.rounds.next_to_apply()) is not None:
             if ready.personal_missing:
                 self.log.warning("downlink.personal_missing", round=ready.round)
-            await self._apply(ready.round, ready.pending)
+            t, size = ready.round, ready.pending.size
+            self._receive(t, ready.pending)
+            del ready  # in the model now: not held while the scoring waits for a worker
+            await self._apply(t, size)
         if self.rounds.done:
             self.finished.set()
 
-    def _scores(self, t: int) -> bool:
-        """Whether round t's downlink is scored and reported (federation.evaluate)."""
-        fed = self.config.federation
-        if fed.evaluate == "every_round":
-            return True
-        return t == self.progress.trained_round or t >= self.config.rounds
-
-    async def _apply(self, t: int, pending: PendingDownlink) -> None:
+    def _receive(self, t: int, pending: PendingDownlink) -> None:
         assert pending.broadcast is not None
         personal = dict(pending.personal.body) if pending.personal is not None else None
         self.method.receive(t, dict(pending.broadcast.body), personal)
+
+    async def _apply(self, t: int, size: int) -> None:
         kept = self.rounds.keeps(t, self.config.rounds)
-        if not self._scores(t):
+        if not self.rounds.scores(t, self.config.federation.evaluate, self.config.rounds):
             self.rounds.applied(t)
             if kept:
                 await self.state_file.save(self.model, self.method, self.progress)
@@ -449,7 +447,7 @@ class ClientRunner:
             **report,
             "num_test": len(self.shard.y_test),
             "bytes_up": bytes_up,
-            "bytes_down": pending.size,
+            "bytes_down": size,
             "selected": t == self.progress.trained_round,
             "train_loss": self.last_loss,
         }

@@ -189,6 +189,11 @@ class ClientRounds:
             or t >= last_round
         )
 
+    def scores(self, t: int, evaluate: str, last_round: int) -> bool:
+        """Whether round t's downlink is scored and reported (``federation.evaluate``):
+        every round, or the rounds this client trained and the run's last."""
+        return evaluate == "every_round" or t == self.progress.trained_round or t >= last_round
+
     @property
     def done(self) -> bool:
         """The run finished and its last round is applied."""

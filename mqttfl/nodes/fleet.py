@@ -11,6 +11,12 @@ it is indistinguishable from a separate device:
   holding ``<id>.env`` files as `mqttfl broker init` writes them);
 - its own shard, model, optimizer, method state and state file.
 
+A runner's windows are spilled to an unnamed file in the state folder and mapped back
+(:mod:`mqttfl.data.spill`); their pages are handed back after each of its passes, so the
+clients that sit a round out hold their models but none of their windows. Every thread
+of the process allocates from one heap arena, so the workers do not each keep the
+high-water mark of the passes they ran.
+
 What the runners share is read-only or free: the imported modules (torch above all),
 the frozen run config, and a small worker pool through which all training and
 evaluation go (one thread per core, torch with one thread each), so the runners take
@@ -35,10 +41,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.refusal import Refused
@@ -52,7 +58,11 @@ from mqttfl.wire.control import COORDINATOR, Offline
 from mqttfl.wire.ids import is_numeric_id
 
 if TYPE_CHECKING:
+    from mqttfl.data.shard import Shard
     from mqttfl.nodes.client import ClientRunner
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 MAX_IDS = 10_000  # as federation.num_clients
 GOODBYE_TIMEOUT_S = 10.0
@@ -214,6 +224,9 @@ class Fleet:
         self.state_dir = state_dir
         self.credentials = credentials
         self.workers = workers or default_workers()
+        from mqttfl.training.memory import one_arena
+
+        one_arena()  # before the pool's threads start: one heap for every runner's passes
         self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mqttfl-fleet")
         self.runners: dict[str, ClientRunner] = {}
         self.failed: dict[str, str] = {}  # client -> what stopped it
@@ -227,11 +240,14 @@ class Fleet:
         import torch
 
         from mqttfl.data.sources import run_client_shard
+        from mqttfl.data.spill import spill
         from mqttfl.nodes.client import ClientRunner
 
+        windows = self.state_dir / self.config.run_id
         for client in self.ids:
             try:
-                shard = run_client_shard(self.config, client)
+                windows.mkdir(parents=True, exist_ok=True)
+                shard = spill(run_client_shard(self.config, client), windows)
                 self.runners[client] = ClientRunner(
                     self.config,
                     client,
@@ -239,7 +255,7 @@ class Fleet:
                     shard,
                     state_dir=self.state_dir,
                     credentials=self.credentials.get(client),
-                    executor=self.pool,
+                    executor=Releasing(self.pool, shard),
                 )
             except Exception as exc:  # one bad shard or state file never stops the fleet
                 self._failed(client, exc, stage="start")
@@ -322,6 +338,29 @@ class Fleet:
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+class Releasing(Executor):
+    """A runner's view of the fleet's pool: each of its passes, once done, hands its
+    shard's window pages back (:func:`mqttfl.data.spill.release`)."""
+
+    def __init__(self, pool: Executor, shard: Shard) -> None:
+        self.pool = pool
+        self.shard = shard
+
+    def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        return self.pool.submit(self._then_release, fn, *args, **kwargs)
+
+    def _then_release(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        from mqttfl.data.spill import release
+
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            release(self.shard)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """The pool is the fleet's: it shuts it down, not a runner."""
 
 
 def _describe(exc: BaseException) -> str:

@@ -59,6 +59,21 @@ def release(*, collect: bool = False) -> None:
         libc.malloc_trim(0)
 
 
+#: glibc's mallopt parameter: how many arenas the process's threads allocate from
+_M_ARENA_MAX = -8
+
+
+def one_arena() -> bool:
+    """Make every thread of this process allocate from one glibc arena (``mallopt``'s
+    ``M_ARENA_MAX``), before its worker threads start. A fleet's workers take turns over
+    hundreds of clients' passes; in an arena each, every arena would keep the high-water
+    mark of the passes its thread ever ran. True where the C library took it."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallopt"):
+        return False
+    return bool(libc.mallopt(_M_ARENA_MAX, 1))
+
+
 #: how long a process must have run no pass (training, scoring) before its freed heap
 #: goes back to the OS: longer than a round's gaps between one client's passes (its
 #: upload to the downlink, its scoring to the next start), far shorter than a wait of an
