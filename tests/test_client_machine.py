@@ -179,3 +179,12 @@ def test_an_apply_is_written_at_once_only_for_a_round_trained_or_the_last() -> N
     assert rounds.keeps(4, last_round=5)  # a run that finished early: its last round
     buffered, _ = _machine(buffered=True)
     assert buffered.keeps(1, last_round=5)  # buffered mode writes every version
+
+
+def test_a_round_is_scored_every_round_or_where_the_client_trained_and_at_the_last() -> None:
+    rounds, _ = _machine()
+    rounds.progress.trained_round = 3
+    assert rounds.scores(2, "every_round", 5)
+    assert not rounds.scores(2, "when_trained", 5)  # sat it out
+    assert rounds.scores(3, "when_trained", 5)  # trained it
+    assert rounds.scores(5, "when_trained", 5)  # the run's last: every client scores it
