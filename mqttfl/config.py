@@ -68,7 +68,10 @@ class FederationConfig(_Table):
     # Which downlinks a client scores on its test split (and reports metrics for):
     # "every_round", each one; "when_trained", only those of the rounds it trained in,
     # and the last round's (every client), as a simulation evaluates only the clients it
-    # sampled: an idle client applies the downlink and does no more. Rounds mode only.
+    # sampled: an idle client applies the downlink and does no more, or, where a method's
+    # broadcast replaces the one before (FedAvg and the methods built on it), fetches no
+    # broadcast until it is chosen (then the retained one before its round) or the run's
+    # last round comes. Rounds mode only.
     evaluate: Literal["every_round", "when_trained"] = "every_round"
     # Keys of [train] and [data] a device may set for itself, besides its data path and
     # thread count (mqttfl/nodes/manifest.py): e.g. ["train.local_epochs"] for devices

@@ -188,3 +188,44 @@ def test_a_round_is_scored_every_round_or_where_the_client_trained_and_at_the_la
     assert not rounds.scores(2, "when_trained", 5)  # sat it out
     assert rounds.scores(3, "when_trained", 5)  # trained it
     assert rounds.scores(5, "when_trained", 5)  # the run's last: every client scores it
+
+
+def test_fetching_on_demand_asks_for_a_broadcast_only_where_the_client_uses_it() -> None:
+    rounds, _ = _machine(on_demand=True, last_round=6)
+    assert rounds.fetches(_start(1)) == [1]  # chosen in round 1: nothing before it
+    assert rounds.fetches(_start(2, selected=("2",))) == []  # sits round 2 out
+    rounds.applied(1)
+    assert rounds.fetched() == [1]  # round 1's is applied: no longer fetched
+    assert rounds.fetches(_start(4)) == [3, 4]  # chosen again: the round before it, and its own
+    assert rounds.fetches(RunStatus("open", 4, _start(4))) == []  # asked for already
+    assert rounds.fetches(RunStatus("closed", 4)) == []
+    rounds.applied(4)
+    assert rounds.fetched() == [3, 4]
+    assert rounds.fetches(_start(6, selected=("2",))) == [
+        6
+    ]  # the last round: every client scores it
+    assert rounds.fetches(RunStatus("finished", 6)) == []
+    late, _ = _machine(on_demand=True, last_round=6)
+    assert late.fetches(RunStatus("closed", 6)) == [6]  # joined after the last round's start
+    early, _ = _machine(on_demand=True, last_round=6)
+    assert early.fetches(RunStatus("finished", 3)) == [3]  # ended early: its last round is 3
+    everything, _ = _machine(last_round=6)  # not on demand: subscribed to every broadcast
+    assert everything.fetches(_start(4)) == []
+
+
+def test_a_start_waits_for_the_fetched_broadcast_before_it_and_trains_after() -> None:
+    rounds, clock = _machine(on_demand=True, last_round=6)
+    assert not rounds.waits_for_broadcast(_start(1), clock())  # nothing comes before round 1
+    start = _start(3)
+    assert rounds.waits_for_broadcast(start, clock())
+    assert rounds.release_start() is None  # round 2's broadcast is not applied yet
+    rounds.on_progress(start)
+    rounds.take_downlink(_down(2, personal_for=()), broadcast=True, size=1)
+    ready = rounds.next_to_apply()
+    assert ready is not None
+    assert ready.round == 2
+    rounds.applied(2)
+    assert rounds.release_start() == (start, clock())
+    assert rounds.release_start() is None
+    assert not rounds.waits_for_broadcast(start, clock())  # applied: it trains at once
+    assert not _machine()[0].waits_for_broadcast(_start(3), clock())  # not on demand

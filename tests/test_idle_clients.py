@@ -1,8 +1,11 @@
-"""``federation.evaluate = "when_trained"``: a client that was not selected applies the
-round's downlink and scores nothing, as a simulation evaluates only the clients it
-sampled; every client scores the last round, so the final table has them all. A round a
-client sat out is not written to its state file at once (the next state it writes holds
-it), so an idle client writes nothing a round; the run's last round is written by all."""
+"""``federation.evaluate = "when_trained"``: a client that was not selected scores nothing,
+as a simulation evaluates only the clients it sampled; every client scores the last round,
+so the final table has them all. With FedAvg (whose broadcast replaces the one before) a
+client fetches a round's broadcast only when it uses it: the round before one it trains
+(the broker's retained copy), the round it trains and the run's last; the coordinator
+counts the bytes of exactly those. A round a client sat out is not written to its state
+file at once (the next state it writes holds it), so an idle client writes nothing a
+round; the run's last round is written by all."""
 
 from __future__ import annotations
 
@@ -80,12 +83,27 @@ def test_an_idle_client_scores_only_the_rounds_it_trained_in_and_the_last(
     assert all(scored[p] for p in trained)  # what it scored it had trained
     assert any(not scored[p] for p in last)  # the last round: the idle ones too
     out = tmp_path / "when-trained"
+    fetches = 0
     for c in CLIENTS:
-        applied = read_events(out / "logs" / f"client-{c}.jsonl")
-        kept = {e["round"]: e["kept"] for e in applied if e["event"] == "downlink.applied"}
-        assert kept == {t: False for t in range(1, ROUNDS) if t not in uploaded[c]}, c
+        events = read_events(out / "logs" / f"client-{c}.jsonl")
+        applied = {e["round"]: e["kept"] for e in events if e["event"] == "downlink.applied"}
+        before = {t - 1 for t in uploaded[c] if t > 1} - uploaded[c] - {ROUNDS}
+        # the broadcasts it applied unscored: the rounds before those it trained, no other
+        assert applied == dict.fromkeys(before, False), (c, applied, uploaded[c])
+        evaluated = {e["round"] for e in events if e["event"] == "round.evaluated"}
+        assert evaluated == {t for t in uploaded[c] if t < ROUNDS} | {ROUNDS}, c
+        fetches += len(applied) + len(evaluated)
         state = torch.load(out / "clients" / "fedapa-csi" / f"client-{c}.pt", weights_only=True)
         assert state["applied_round"] == ROUNDS, c  # written at the last round, idle or not
+    summary = json.loads((out / "summary.json").read_text())
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    broadcast = {r["bytes_down"] for r in map(json.loads, lines)}
+    assert len(broadcast) == 1  # FedAvg's broadcast, the same size every round
+    assert summary["comm"]["down_bytes_total"] == fetches * broadcast.pop()
 
     everything, _ = _run(tmp_path / "every-round", "every_round")
     assert set(everything) == {(t, c) for t in range(1, ROUNDS + 1) for c in CLIENTS}
+    summary = json.loads((tmp_path / "every-round" / "summary.json").read_text())
+    lines = (tmp_path / "every-round" / "metrics.jsonl").read_text().splitlines()
+    sizes = [json.loads(line)["bytes_down"] for line in lines]
+    assert summary["comm"]["down_bytes_total"] == sum(sizes)  # every client, every round

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 if TYPE_CHECKING:
-    from mqttfl.config import TrainConfig
+    from mqttfl.config import FederationConfig, TrainConfig
     from mqttfl.data.shard import Shard
     from mqttfl.models import EmbeddingModel
 
@@ -136,6 +136,10 @@ class ClientSide(ABC):
     max_grad_norm: float | None = None  # clip each local step's gradient to this norm
     #: whether make_upload applies [privacy]'s mechanism (mqttfl/privacy/mechanism.py)
     supports_privacy: bool = False
+    #: whether a broadcast replaces whatever the ones before it left (:meth:`receive`
+    #: overwrites, keeps nothing of them): a client may then skip to the newest
+    #: (:meth:`Algorithm.fetched_on_demand`)
+    broadcast_supersedes: bool = False
     _noise: np.random.Generator | None = None
 
     def __init__(
@@ -250,6 +254,21 @@ class Algorithm:
             }
             schema = replace(schema, fields={**schema.fields, **declared})
         return replace(schema, value_bound=self.client.value_bound)
+
+    def fetched_on_demand(self, federation: FederationConfig, max_message_bytes: int) -> bool:
+        """Whether a client fetches a round's broadcast only when it uses it: the round
+        before one it trains (the broker's retained copy), the round it trains and the run's
+        last, which it scores. So in a simulation's rounds (``federation.evaluate =
+        "when_trained"``) the clients that sit out receive nothing, as Flower's unsampled
+        clients do not exist. Only where skipping a broadcast changes nothing
+        (:attr:`ClientSide.broadcast_supersedes`) and a broadcast is retained whole (no
+        ``broker.max_message_bytes``: chunks are never retained)."""
+        return (
+            self.client.broadcast_supersedes
+            and federation.evaluate == "when_trained"
+            and federation.mode == "rounds"
+            and max_message_bytes == 0
+        )
 
 
 def expect_array(

@@ -56,6 +56,7 @@ class FedAvgServer(ModelVersions):
 
 class FedAvgClient(ClientSide):
     supports_privacy = True
+    broadcast_supersedes = True  # receive() loads the global weights whole
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -14,6 +14,7 @@ refused publishes go unnoticed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import ssl
 import time
@@ -43,6 +44,7 @@ from mqttfl.bus.refusal import (
     taken_over,
     user_text,
 )
+from mqttfl.bus.shared import PROCESS_PAYLOADS
 from mqttfl.errors import BrokerError, WireError
 from mqttfl.logs import get_logger
 from mqttfl.wire.chunks import Reassembler, is_chunk, message_id_of, payload_budget, split
@@ -246,7 +248,7 @@ class Bus:
             try:
                 async with self._make_client() as client:
                     no_delay(client)
-                    for topic in self.subscriptions:
+                    for topic in list(self.subscriptions):
                         self._check_subscribed(topic, await client.subscribe(topic, qos=1))
                     lost = ConnectionLost()
                     for topic, payload, retain in self.birth() if self.birth else []:
@@ -299,7 +301,9 @@ class Bus:
         payload = message.payload
         if not isinstance(payload, bytes | bytearray):
             payload = b"" if payload is None else str(payload).encode()
-        await self._receive(message.topic.value, bytes(payload), retained=message.retain)
+        topic = message.topic.value
+        shared = PROCESS_PAYLOADS.share(topic, bytes(payload))
+        await self._receive(topic, shared, retained=message.retain)
 
     def _refused_login(self, exc: aiomqtt.MqttError) -> bool:
         """Raise :class:`Refused` for a refused login; True to connect again at once: MQTT
@@ -331,6 +335,28 @@ class Bus:
         code = reason_value(getattr(cause, "rc", None))
         young = time.monotonic() - self._connected_at < TAKEOVER_WINDOW_S
         return code == SESSION_TAKEN_OVER and self.connections == 1 and young
+
+    async def subscribe(self, topic: str) -> None:
+        """Subscribe to ``topic`` from now on (again on every reconnect); the broker sends
+        its retained message at once. Raises :class:`Refused` as a refused subscription
+        at connect does."""
+        if topic in self.subscriptions:
+            return
+        self.subscriptions.append(topic)
+        if (client := self._client) is not None:
+            try:
+                granted = await client.subscribe(topic, qos=1, timeout=self.connect_timeout_s)
+            except aiomqtt.MqttError:
+                return  # the connection went: the next one subscribes it
+            self._check_subscribed(topic, granted)
+
+    async def unsubscribe(self, topic: str) -> None:
+        if topic not in self.subscriptions:
+            return
+        self.subscriptions.remove(topic)
+        if (client := self._client) is not None:
+            with contextlib.suppress(aiomqtt.MqttError):  # gone: the next one never subscribes it
+                await client.unsubscribe(topic, timeout=self.connect_timeout_s)
 
     def _check_subscribed(self, topic: str, granted: Any) -> None:
         for reason in granted if isinstance(granted, list) else []:

@@ -49,7 +49,6 @@ from mqttfl.engine.documents import BufferedBlock, RunSummary
 from mqttfl.engine.gate import UploadGate
 from mqttfl.engine.rounds import RoundEngine
 from mqttfl.errors import DataError, WireError
-from mqttfl.wire import Topics
 from mqttfl.wire.downlinks import encode_downlinks
 from mqttfl.wire.ids import client_order
 from mqttfl.wire.schemas import ClientInfo
@@ -329,12 +328,7 @@ class BufferedEngine(RoundEngine):
             v: g for v, g in self.versions.items() if v >= t - self.fed.max_staleness - 1
         }
         payloads = encode_downlinks(self.config.run_id, t, downlinks.broadcast, downlinks.personal)
-        topics = Topics(self.config.run_id)
-        for client in self.live():
-            personal = payloads.personal.get(client, b"")
-            state.comm["down_bytes"] += self._wire(len(payloads.broadcast), topics.down_all(t))
-            state.comm["down_bytes"] += self._wire(len(personal), topics.down(t, client))
-            state.comm["down_count"] += 1
+        self.down_bytes.closed(t, payloads, self.live(), chosen=())
         state.round, state.downlinks = t, payloads
         state.server = self.server.state_dict()
         state.clients = sorted(self.clients, key=client_order)

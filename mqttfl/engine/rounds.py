@@ -35,6 +35,7 @@ from mqttfl.engine.actions import (
     Phase,
 )
 from mqttfl.engine.aggregate import aggregate_checked
+from mqttfl.engine.downbytes import DownBytes
 from mqttfl.engine.gate import UploadGate
 from mqttfl.engine.held import HeldUpload, HeldUploads
 from mqttfl.engine.roster import Roster
@@ -44,8 +45,6 @@ from mqttfl.engine.state import MetricsLine, RunState, RunSummary, round_progres
 from mqttfl.errors import RejectedUpload, RunAborted, WireError
 from mqttfl.logs import get_logger
 from mqttfl.privacy.accountant import BUDGET_EXHAUSTED
-from mqttfl.wire import Topics
-from mqttfl.wire.chunks import framed_size, payload_budget
 from mqttfl.wire.control import Ack, Metrics, Offline, Online, RoundStart, RunStatus, Status
 from mqttfl.wire.downlinks import encode_downlinks
 from mqttfl.wire.ids import client_order
@@ -103,6 +102,8 @@ class RoundEngine(Roster):
         self.privacy = ctx.privacy
         self.held = HeldUploads()  # uploads that came before their sender's status
         self.ended = ""  # why the run ended before its last round ("": it did not)
+        on_demand = algorithm.fetched_on_demand(config.federation, config.broker.max_message_bytes)
+        self.down_bytes = DownBytes(config, self.state, on_demand=on_demand)
         now = clock()
         if self.state.round > 0:
             self.server.load_state_dict(self.state.server)
@@ -408,6 +409,7 @@ class RoundEngine(Roster):
             earlier = set(self.gate.selected) - set(self.gate.accepted)
             selected = sorted(set(selected) | (earlier & set(self.live())), key=client_order)
         self.gate.open_round(t, selected, keep=attempt > 1)
+        self.down_bytes.chosen(t, selected)
         self.refused.open(t)
         self.selected = selected
         self.acked = set(self.gate.accepted)
@@ -484,12 +486,7 @@ class RoundEngine(Roster):
             state.comm["up_bytes"] += size
             state.comm["up_count"] += 1
         payloads = encode_downlinks(self.config.run_id, t, downlinks.broadcast, downlinks.personal)
-        topics = Topics(self.config.run_id)
-        for client in self.live():
-            personal = payloads.personal.get(client, b"")
-            state.comm["down_bytes"] += self._wire(len(payloads.broadcast), topics.down_all(t))
-            state.comm["down_bytes"] += self._wire(len(personal), topics.down(t, client))
-            state.comm["down_count"] += 1
+        self.down_bytes.closed(t, payloads, self.live(), self.gate.selected)
         state.round, state.downlinks = t, payloads
         state.server = self.server.state_dict()
         state.clients = sorted(self.clients, key=client_order)
@@ -500,11 +497,6 @@ class RoundEngine(Roster):
         else:
             self._wait_for_live(now)
         return Close(t, payloads, state.to_dict(self.config), log)
-
-    def _wire(self, size: int, topic: str) -> int:
-        """Bytes a payload takes on the wire, chunk framing included (broker.max_message_bytes)."""
-        limit = self.config.broker.max_message_bytes
-        return framed_size(size, payload_budget(limit, topic)) if limit else size
 
     def _progress(self, t: int) -> dict[str, object]:
         return round_progress(self.records, len(self.clients), t)

@@ -32,12 +32,13 @@ import torch
 from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.refusal import Refused
-from mqttfl.bus.transport import Bus, Incoming
+from mqttfl.bus.transport import Incoming
 from mqttfl.config import RunConfig
 from mqttfl.data.shard import Shard
 from mqttfl.errors import BrokerError, MqttflError, StateError, WireError
 from mqttfl.logs import get_logger, tag_process
 from mqttfl.nodes import client_privacy
+from mqttfl.nodes.client_bus import client_bus
 from mqttfl.nodes.client_inbox import PendingDownlink, Received, read_for_client
 from mqttfl.nodes.client_machine import ClientRounds
 from mqttfl.nodes.client_state import Owner, Progress, Snapshot, StateFile, state_path
@@ -86,12 +87,15 @@ class ClientRunner:
         self.method = build_client_side(config, algorithm, self.ctx, client_id, shard)
         self.model, self.info = self.method.model, self.method.info
         self.schema = algorithm.upload_schema(self.ctx, self.info)
+        on_demand = algorithm.fetched_on_demand(config.federation, config.broker.max_message_bytes)
         # the round machine: what this client has seen of the run and will do about it
         self.rounds = ClientRounds(
             client_id,
             time.monotonic,
             buffered=config.federation.mode == "buffered",
             privacy=self.ctx.privacy,
+            on_demand=on_demand,
+            last_round=config.rounds,
         )
         self.progress = self.rounds.progress  # changed in place: loaded, saved, put back
         self.last_loss = 0.0
@@ -117,27 +121,8 @@ class ClientRunner:
                 applied_round=self.progress.applied_round,
             )
         online = Online(client_privacy.announced(self.info, self.ctx)).encode(config.run_id)
-        self.bus = Bus(
-            broker,
-            identifier=f"mqttfl-{config.run_id}-client-{client_id}",
-            subscriptions=[
-                self.topics.any_start,
-                self.topics.any_down_all,
-                self.topics.any_down_for(client_id),
-                self.topics.state,
-                self.topics.status(client_id),  # to answer a forged 'offline' about us
-                self.topics.lease,  # whether the run has a live coordinator (client_watch)
-            ],
-            will=(
-                self.topics.status(client_id),
-                Offline(client_id, "connection lost").encode(config.run_id),
-            ),
-            birth=lambda: [(self.topics.status(client_id), online, True)],
-            credentials=credentials,
-            keepalive_s=config.broker.keepalive_s,
-            connect_timeout_s=config.broker.connect_timeout_s,
-            max_message_bytes=config.broker.max_message_bytes,
-            who=f"client {client_id!r}",
+        self.bus = client_bus(
+            config, client_id, broker, online, credentials=credentials, fetch_broadcasts=on_demand
         )
         self.uploads = Uploads(self.bus, self.topics, self.client_id, self.log)
         orphaned_after = config.broker.orphan_timeout_s
@@ -248,6 +233,8 @@ class ClientRunner:
         if isinstance(message, RunStatus | RoundStart):
             settings = message.settings if isinstance(message, RunStatus) else ""
             self._see_instance(message.instance, settings)
+            for u in self.rounds.fetches(message):
+                self._spawn(self.bus.subscribe(self.topics.down_all(u)))
         if isinstance(message, RunStatus):
             self._check_not_finished_before(message)
         if isinstance(message, RunStatus) and message.start is not None:
@@ -302,6 +289,8 @@ class ClientRunner:
             self.rounds.take_downlink(message, broadcast=received.broadcast, size=received.size)
             del message, received  # the machine holds it until it is applied
             await self._apply_ready()
+            if (held := self.rounds.release_start()) is not None:
+                await self._on_start(*held)  # the broadcast it waited for is in
             return
         if self.rounds.on_progress(message):
             self.log.info("run.finishing", round=message.round)
@@ -312,6 +301,9 @@ class ClientRunner:
 
     async def _on_start(self, start: RoundStart, received: float) -> None:
         if self.client_id not in start.selected:
+            return
+        if self.rounds.waits_for_broadcast(start, received):
+            self.log.debug("training.waiting", round=start.round, reason="fetching the broadcast")
             return
         if self.uploads.should_resend(start, received, self.progress.trained_round):
             await self.uploads.resend(
@@ -418,6 +410,8 @@ class ClientRunner:
             self._receive(t, ready.pending)
             del ready  # in the model now: not held while the scoring waits for a worker
             await self._apply(t, size)
+        for u in self.rounds.fetched():
+            self._spawn(self.bus.unsubscribe(self.topics.down_all(u)))
         if self.rounds.done:
             self.finished.set()
 

@@ -7,6 +7,7 @@ Also what the client holds meanwhile: a round's downlinks until both parts are i
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 from mqttfl.algorithms.base import ClientSide
@@ -65,8 +66,13 @@ def read_for_client(
         case DownTopic(t, client) as down:
             if not down.broadcast and client != client_id:
                 raise WireError("topic", f"a downlink for {client!r} reached {client_id!r}")
-            message = read_downlink_or_resend(incoming.payload, run_id=run, round=t, client=client)
             broadcast = down.broadcast
+            decoded = BROADCASTS.get(incoming) if broadcast else None
+            message = decoded or read_downlink_or_resend(
+                incoming.payload, run_id=run, round=t, client=client
+            )
+            if broadcast and decoded is None and isinstance(message, Downlink):
+                BROADCASTS.keep(incoming, message)
         case other:
             raise WireError("topic", f"a client does not take {other.kind} messages")
     if message.round > config.rounds:
@@ -81,6 +87,27 @@ def read_for_client(
     if isinstance(message, Downlink):
         check_downlink(method, message, personal=not broadcast)
     return Received(message, broadcast, size, incoming.received)
+
+
+class DecodedBroadcast:
+    """The newest broadcast decoded in this process, for as long as a runner holds it: a
+    fleet's runners receive one payload object (:mod:`mqttfl.bus.shared`), decoded once."""
+
+    def __init__(self) -> None:
+        self.topic, self.raw = "", b""
+        self.decoded: weakref.ref[Downlink] | None = None
+
+    def get(self, incoming: Incoming) -> Downlink | None:
+        if self.decoded is None or incoming.topic != self.topic or incoming.payload is not self.raw:
+            return None
+        return self.decoded()
+
+    def keep(self, incoming: Incoming, downlink: Downlink) -> None:
+        self.topic, self.raw = incoming.topic, incoming.payload
+        self.decoded = weakref.ref(downlink)
+
+
+BROADCASTS = DecodedBroadcast()
 
 
 def check_downlink(method: ClientSide, downlink: Downlink, *, personal: bool) -> None:

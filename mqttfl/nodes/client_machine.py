@@ -60,6 +60,13 @@ class ClientRounds:
     finish_round: int = 0  # the last round of the finished run (0: not finished)
     pending: dict[int, PendingDownlink] = field(default_factory=dict)
     acked: set[tuple[int, int]] = field(default_factory=set)  # (round, announcement)
+    # Broadcasts fetched only when used (Algorithm.fetched_on_demand); the run's last
+    # round, which every client scores; the rounds being fetched; a start that chose us,
+    # held until the broadcast before it is applied.
+    on_demand: bool = False
+    last_round: int = 0
+    fetching: set[int] = field(default_factory=set)
+    held_start: tuple[RoundStart, float] | None = None
 
     # --- the run instance ----------------------------------------------------------------
     def see_instance(self, instance: str) -> bool | None:
@@ -142,6 +149,49 @@ class ClientRounds:
             self.finish_round = message.round
             return True
         return False
+
+    # --- broadcasts fetched on demand -------------------------------------------------
+    def fetches(self, message: RoundStart | RunStatus) -> list[int]:
+        """The rounds whose broadcast to fetch now (none unless ``on_demand``): for a start
+        that chooses us, the round before it (the broker's retained copy, unless applied)
+        and its own; for the run's last round, its own; for a finished run, its last."""
+        if not self.on_demand:
+            return []
+        start = message if isinstance(message, RoundStart) else message.start
+        wanted: list[int] = []
+        if start is not None:
+            t, chosen = start.round, self.client_id in start.selected
+            wanted = [t - 1, t] if chosen else [t] if t >= self.last_round else []
+        elif isinstance(message, RunStatus) and (
+            message.phase == "finished"
+            or (message.phase == "closed" and message.round >= self.last_round)
+        ):
+            wanted = [message.round]
+        new = [u for u in wanted if u > self.progress.applied_round and u not in self.fetching]
+        self.fetching.update(new)
+        return new
+
+    def fetched(self) -> list[int]:
+        """The rounds fetched whose broadcast is applied now: no longer to fetch."""
+        done = sorted(u for u in self.fetching if u <= self.progress.applied_round)
+        self.fetching.difference_update(done)
+        return done
+
+    def waits_for_broadcast(self, start: RoundStart, received: float) -> bool:
+        """Whether a start that chose us waits for the broadcast of the round before it
+        (fetched on demand, not yet applied); it is held until :meth:`release_start`."""
+        if not self.on_demand or self.progress.applied_round >= start.round - 1:
+            return False
+        self.held_start = (start, received)
+        return True
+
+    def release_start(self) -> tuple[RoundStart, float] | None:
+        """The held start, once the broadcast it waited for is applied."""
+        held = self.held_start
+        if held is None or self.progress.applied_round < held[0].round - 1:
+            return None
+        self.held_start = None
+        return held
 
     # --- downlinks -----------------------------------------------------------------------
     def take_downlink(self, downlink: Downlink, *, broadcast: bool, size: int) -> None:
