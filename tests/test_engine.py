@@ -12,7 +12,7 @@ import pytest
 from mqttfl.algorithms import get_algorithm
 from mqttfl.algorithms.base import Algorithm, Downlinks, Upload
 from mqttfl.algorithms.fedavg import FedAvgServer
-from mqttfl.engine.actions import Announce, Close, Phase
+from mqttfl.engine.actions import Announce, Close, Phase, Rebroadcast
 from mqttfl.engine.rounds import RECONNECT_GRACE_S, WILL_SETTLE_S
 from mqttfl.engine.state import RunState
 from mqttfl.errors import RejectedUpload, RunAborted, WireError
@@ -102,6 +102,24 @@ def test_after_a_broker_restart_the_round_waits_for_clients_to_come_back() -> No
     fed.send_upload(1, "2", client.make_upload(1))
     fed.round(1)
     assert fed.closed[0].log["missing"] == []
+
+
+def test_a_broker_that_came_back_gets_the_newest_broadcast_again_retained() -> None:
+    """Clients fetch the retained broadcast when they join or are chosen; a broker that
+    restarted may have lost it, so the coordinator publishes it again, once."""
+    fed = Federation("fedavg", clients=2, rounds=3, arch="tiny")
+    fed.round(1)
+    assert not any(isinstance(a, Rebroadcast) for a in fed.engine.step())  # no loss, none
+    fed.engine.on_broker_lost()
+    fed.engine.on_broker_back()
+    t, held = fed.engine.state.round, fed.engine.state.downlinks
+    assert held is not None
+    assert fed.engine.step()[:1] == [Rebroadcast(t, held.broadcast)]
+    assert not any(isinstance(a, Rebroadcast) for a in fed.engine.step())  # once
+    quiet = Federation("fedavg", clients=2, rounds=3, arch="tiny")
+    quiet.engine.on_broker_lost()
+    quiet.engine.on_broker_back()
+    assert not any(isinstance(a, Rebroadcast) for a in quiet.engine.step())  # nothing closed yet
 
 
 def test_too_few_uploads_retry_with_a_new_announcement_and_abort_after_the_last_attempt() -> None:

@@ -65,7 +65,16 @@ class Keep:
     checkpoint: dict[str, object]
 
 
-Action = Announce | Close | Finish | Keep
+@dataclass(frozen=True)
+class Rebroadcast:
+    """Publish round ``round``'s broadcast again, retained: the broker came back and may
+    have lost its copy, which clients fetch when they join or are chosen."""
+
+    round: int
+    broadcast: bytes
+
+
+Action = Announce | Close | Finish | Keep | Rebroadcast
 
 
 class Phase(Enum):

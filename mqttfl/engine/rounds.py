@@ -33,6 +33,7 @@ from mqttfl.engine.actions import (
     Close,
     Finish,
     Phase,
+    Rebroadcast,
 )
 from mqttfl.engine.aggregate import aggregate_checked
 from mqttfl.engine.downbytes import DownBytes
@@ -98,6 +99,7 @@ class RoundEngine(Roster):
         self.last_offline = -math.inf
         self.grace_until = -math.inf
         self.broker_down = False
+        self.rebroadcast_due = False  # the broker came back: its retained broadcast may be gone
         self._waiting_logged = False
         self.privacy = ctx.privacy
         self.held = HeldUploads()  # uploads that came before their sender's status
@@ -247,6 +249,7 @@ class RoundEngine(Roster):
         if not self.broker_down:
             return
         self.broker_down = False
+        self.rebroadcast_due = self.state.downlinks is not None
         now = self.clock()
         self.grace_until = now + RECONNECT_GRACE_S
         if self.phase is Phase.OPEN:
@@ -257,6 +260,9 @@ class RoundEngine(Roster):
     def step(self) -> list[Action]:
         """Advance as far as the clock and the events allow; return what to perform."""
         actions: list[Action] = []
+        if self.rebroadcast_due and (held := self.state.downlinks) is not None:
+            actions.append(Rebroadcast(self.state.round, held.broadcast))
+        self.rebroadcast_due = False
         while self._advance(self.clock(), actions):
             pass
         return actions

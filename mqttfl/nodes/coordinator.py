@@ -25,7 +25,15 @@ from mqttfl.algorithms import get_algorithm, make_context
 from mqttfl.bus.address import BrokerAddress, Credentials
 from mqttfl.bus.transport import Bus, Incoming
 from mqttfl.config import RunConfig
-from mqttfl.engine.actions import Action, Announce, ClientRecord, Close, Finish, Keep
+from mqttfl.engine.actions import (
+    Action,
+    Announce,
+    ClientRecord,
+    Close,
+    Finish,
+    Keep,
+    Rebroadcast,
+)
 from mqttfl.engine.budget import MAX_SENDERS, RATES
 from mqttfl.engine.buffered import engine_for
 from mqttfl.engine.journal import Journal
@@ -375,6 +383,9 @@ class Coordinator:
             await self.bus.publish(self.topics.start(t), action.start.encode(run))
         elif isinstance(action, Close):
             await self._close(action)
+        elif isinstance(action, Rebroadcast):
+            broadcast = self.topics.down_all(action.round)
+            await self.bus.publish(broadcast, action.broadcast, retain=True)
         else:
             await self._synced_checkpoint()
             self.journal.write_summary(action.summary)
