@@ -53,7 +53,9 @@ def one_line(text: object, limit: int = 240) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
-def write_atomic(path: Path, data: bytes, *, sync: bool = True, mode: int = 0o666) -> None:
+def write_atomic(
+    path: Path, data: bytes | memoryview, *, sync: bool = True, mode: int = 0o666
+) -> None:
     """Replace ``path`` in one step. Unsynced, the new file survives our process dying
     (it is in the page cache) but not the machine losing power until :func:`sync_file`.
     ``mode`` is the new file's, less the umask. A symbolic link at ``path`` is refused

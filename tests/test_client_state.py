@@ -241,3 +241,62 @@ def test_a_state_that_does_not_load_puts_back_what_the_owner_builds(tmp_path: Pa
     assert all(bool(v.eq(7.0).all()) for v in model.state_dict().values())
     assert progress.trained_round == 0
     assert path.with_name(path.name + ".discarded").exists()
+
+
+async def test_a_process_holds_a_bounded_number_of_state_snapshots_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a run's last round every runner of a fleet saves at once: the snapshots (each
+    a copy of a model and its optimizer) wait for a slot, the state written is the one
+    each had when its save returned, and every file is written."""
+    import asyncio
+    import threading
+
+    from mqttfl.nodes import client_state
+
+    model = torch.nn.Linear(2, 1)
+
+    @dataclass
+    class Method:
+        optimizer: torch.optim.Optimizer = field(
+            default_factory=lambda: torch.optim.SGD(model.parameters(), lr=0.1)
+        )
+
+        def state_dict(self) -> dict[str, Any]:
+            return {}
+
+    gate, lock = threading.Event(), threading.Lock()
+    alive, most = 0, 0
+    snapshot, write = StateFile.snapshot, StateFile._write
+
+    def counted_snapshot(*args: Any) -> Snapshot:
+        nonlocal alive, most
+        with lock:
+            alive += 1
+            most = max(most, alive)
+        return snapshot(*args)
+
+    def held_write(self: StateFile, state: Snapshot) -> None:
+        nonlocal alive
+        gate.wait(10)
+        write(self, state)
+        with lock:
+            alive -= 1
+
+    monkeypatch.setattr(StateFile, "snapshot", staticmethod(counted_snapshot))
+    monkeypatch.setattr(StateFile, "_write", held_write)
+    files = [StateFile(state_path(tmp_path, "run", str(i))) for i in range(12)]
+    saves = [
+        asyncio.ensure_future(f.save(model, cast(Any, Method()), Progress(applied_round=i)))
+        for i, f in enumerate(files)
+    ]
+    await asyncio.sleep(0.2)
+    assert most == client_state.WRITES_IN_FLIGHT  # the others wait for a slot
+    assert sum(s.done() for s in saves) == client_state.WRITES_IN_FLIGHT
+    gate.set()
+    await asyncio.gather(*saves)
+    for f in files:
+        await f.written()
+    assert most == client_state.WRITES_IN_FLIGHT
+    for i, f in enumerate(files):
+        assert torch.load(f.path, weights_only=True)["applied_round"] == i

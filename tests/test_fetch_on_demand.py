@@ -18,28 +18,24 @@ from tests.faults import Federation
 
 pytestmark = pytest.mark.slow
 
+ON_DEMAND = [
+    "method=fedavg",
+    "federation.evaluate=when_trained",
+    "federation.fraction=0.5",
+    "federation.min_clients=2",
+    "federation.round_timeout_s=40",
+    "federation.pace_s=20",  # room between two rounds for the restart
+    "logging.level=debug",
+]
+
 
 def test_a_broker_that_lost_the_retained_broadcast_still_serves_the_clients_chosen_next(
     tmp_path: Path,
 ) -> None:
-    rounds, n = 4, 4
+    rounds = 4
     with (
         LocalBroker(tmp_path / "broker") as broker,  # no persistence: a restart forgets all
-        Federation(
-            tmp_path,
-            broker,
-            clients=n,
-            rounds=rounds,
-            overrides=[
-                "method=fedavg",
-                "federation.evaluate=when_trained",
-                "federation.fraction=0.5",
-                "federation.min_clients=2",
-                "federation.round_timeout_s=40",
-                "federation.pace_s=20",  # room between two rounds for the restart
-                "logging.level=debug",
-            ],
-        ) as fed,
+        Federation(tmp_path, broker, clients=4, rounds=rounds, overrides=ON_DEMAND) as fed,
     ):
         fed.start()
         fed.wait_for(

@@ -25,6 +25,7 @@ import io
 import json
 import os
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -254,15 +255,44 @@ class StateFile:
             snapshot = {**snapshot, "owner": asdict(self.owner)}
         data = io.BytesIO()
         torch.save(snapshot, data)
-        write_atomic(self.path, data.getvalue(), sync=False)  # never through a planted link
+        with data.getbuffer() as written:  # not a second copy
+            write_atomic(self.path, written, sync=False)  # never through a planted link
 
     async def save(self, model: torch.nn.Module, method: ClientSide, progress: Progress) -> None:
-        """Snapshot now, write in the background (each write waits for the one before)."""
-        snapshot = self.snapshot(model, method, progress)
+        """Snapshot now, write in the background (each write waits for the one before).
+
+        A process holds at most ``WRITES_IN_FLIGHT`` snapshots: at a run's last round every
+        runner of a fleet saves at once, and each snapshot is a copy of a model and its
+        optimizer. The caller waits for a slot before the snapshot is taken, so what is
+        written is the state at the moment it returns."""
         await self.written()
+        slots = _write_slots()
+        await slots.acquire()
+        try:
+            snapshot = self.snapshot(model, method, progress)
+        except BaseException:
+            slots.release()
+            raise
         self._writing = asyncio.create_task(asyncio.to_thread(self._write, snapshot))
+        self._writing.add_done_callback(lambda _: slots.release())
 
     async def written(self) -> None:
         if self._writing is not None:
             await self._writing
             self._writing = None
+
+
+WRITES_IN_FLIGHT = 4
+_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _write_slots() -> asyncio.Semaphore:
+    """This event loop's bound on the state snapshots held at once (one per loop: a
+    semaphore belongs to the loop it first waits in)."""
+    loop = asyncio.get_running_loop()
+    slots = _SLOTS.get(loop)
+    if slots is None:
+        slots = _SLOTS[loop] = asyncio.Semaphore(WRITES_IN_FLIGHT)
+    return slots
