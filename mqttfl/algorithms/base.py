@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 if TYPE_CHECKING:
-    from mqttfl.config import FederationConfig, TrainConfig
+    from mqttfl.config import RunConfig, TrainConfig
     from mqttfl.data.shard import Shard
     from mqttfl.models import EmbeddingModel
 
@@ -255,7 +255,7 @@ class Algorithm:
             schema = replace(schema, fields={**schema.fields, **declared})
         return replace(schema, value_bound=self.client.value_bound)
 
-    def fetched_on_demand(self, federation: FederationConfig, max_message_bytes: int) -> bool:
+    def fetched_on_demand(self, config: RunConfig) -> bool:
         """Whether a client fetches a round's broadcast only when it uses it: the round
         before one it trains (the broker's retained copy), the round it trains and the run's
         last, which it scores. So in a simulation's rounds (``federation.evaluate =
@@ -265,9 +265,9 @@ class Algorithm:
         ``broker.max_message_bytes``: chunks are never retained)."""
         return (
             self.client.broadcast_supersedes
-            and federation.evaluate == "when_trained"
-            and federation.mode == "rounds"
-            and max_message_bytes == 0
+            and config.federation.evaluate == "when_trained"
+            and config.federation.mode == "rounds"
+            and config.broker.max_message_bytes == 0
         )
 
 

@@ -104,7 +104,7 @@ class RoundEngine(Roster):
         self.privacy = ctx.privacy
         self.held = HeldUploads()  # uploads that came before their sender's status
         self.ended = ""  # why the run ended before its last round ("": it did not)
-        on_demand = algorithm.fetched_on_demand(config.federation, config.broker.max_message_bytes)
+        on_demand = algorithm.fetched_on_demand(config)
         self.down_bytes = DownBytes(config, self.state, on_demand=on_demand)
         now = clock()
         if self.state.round > 0:
@@ -249,7 +249,7 @@ class RoundEngine(Roster):
         if not self.broker_down:
             return
         self.broker_down = False
-        self.rebroadcast_due = self.state.downlinks is not None
+        self.rebroadcast_due = True
         now = self.clock()
         self.grace_until = now + RECONNECT_GRACE_S
         if self.phase is Phase.OPEN:

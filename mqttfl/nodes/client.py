@@ -87,7 +87,7 @@ class ClientRunner:
         self.method = build_client_side(config, algorithm, self.ctx, client_id, shard)
         self.model, self.info = self.method.model, self.method.info
         self.schema = algorithm.upload_schema(self.ctx, self.info)
-        on_demand = algorithm.fetched_on_demand(config.federation, config.broker.max_message_bytes)
+        on_demand = algorithm.fetched_on_demand(config)
         # the round machine: what this client has seen of the run and will do about it
         self.rounds = ClientRounds(
             client_id,
