@@ -142,6 +142,9 @@ def run_mqttfl(n: int, k: int, index: int) -> dict[str, Any]:
         f"federation.min_clients={k}",
         "federation.join_timeout_s=1800",
         "federation.round_timeout_s=600",
+        # every client scores the last round: at N=1,000 that takes 20-30 s, near the
+        # default 30 s, and a client cut off by it would leave the accuracy column
+        "federation.final_metrics_timeout_s=600",
         # as Flower evaluates only the clients it samples: an idle client applies the
         # downlink and scores nothing (every client scores the last round)
         "federation.evaluate=when_trained",
