@@ -49,7 +49,8 @@ class FederationConfig(_Table):
     max_round_attempts: int = Field(5, ge=1)
     # Uploads above this many bytes are rejected before decoding.
     max_upload_bytes: int = Field(16_000_000, ge=1024)
-    # After the last round, how long to wait for the clients' final metrics.
+    # After the last round, how long to wait for the clients' final metrics, counted
+    # from the newest of them: the wait goes on while they keep coming.
     final_metrics_timeout_s: float = Field(30.0, gt=0)
     # At least this long from one round's start to the next one's (0: as fast as they
     # go): a demo paced so that a person can kill and restart clients by hand.

@@ -294,6 +294,28 @@ def test_final_scores_that_never_come_are_named_once_the_wait_is_over() -> None:
     assert fed.clock.now == pytest.approx(closed + fed.config.federation.final_metrics_timeout_s)
 
 
+def test_the_wait_for_final_scores_counts_from_the_newest_of_them() -> None:
+    from structlog.testing import capture_logs
+
+    from mqttfl.wire.control import read_metrics
+
+    fed = Federation("fedavg", clients=4, rounds=2, arch="tiny", federation={"ack_timeout_s": 5.0})
+    fed.ghosts |= {"2", "3"}  # both score nothing when the last round closes
+    closed = closed_at(fed, 2)
+    timeout = fed.config.federation.final_metrics_timeout_s
+    fed.clock.now = closed + timeout - 5.0
+    assert fed.engine.step() == []
+    late = Metrics(2, "3", {"accuracy": 0.5, "f1": 0.5, "mae": 0.0}).encode(RUN)
+    fed.engine.on_metrics(read_metrics(late, run_id=RUN, round=2, client="3"))
+    with capture_logs() as logs:
+        fed.run()
+    # "3" scored 5 s before the wait would have ended: it goes on a whole timeout from there
+    assert fed.clock.now == pytest.approx(closed + 2 * timeout - 5.0)
+    [missing] = [e for e in logs if e["event"] == "metrics.missing"]
+    assert missing["missing"] == ["2"]
+    assert {r.client_id for r in fed.engine.records if r.round == 2} == {"0", "1", "3"}
+
+
 def test_a_run_whose_clients_all_report_names_none_missing() -> None:
     from structlog.testing import capture_logs
 

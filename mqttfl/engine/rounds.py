@@ -213,6 +213,11 @@ class RoundEngine(Roster):
         if self.metrics_repeat(t, client):
             return None
         self.metrics_seen.setdefault(t, set()).add(client)
+        if self.phase is Phase.FINAL and t == self.state.round:
+            # counted from the newest last score: the wait goes on while scores keep coming
+            self.phase_until = max(
+                self.phase_until, self.clock() + self.fed.final_metrics_timeout_s
+            )
         record = MetricsLine.of(metrics)
         self.records.append(record)
         return record
