@@ -10,6 +10,7 @@ closes without it at once, not at its deadline, and every process exits 0.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,58 @@ def test_a_diverging_client_refuses_its_upload_and_the_run_completes(
     assert all(torch.isfinite(v).all() for v in state["model"].values())
     healthy = torch.load(fed.state_dir / RUN_ID / "client-0.pt", weights_only=True)
     assert healthy["optimizer"]["state"]  # the check above can see a step
+
+
+async def test_a_client_whose_training_raises_declines_the_round_and_the_run_completes(
+    broker: LocalBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training that raises (out of memory, say) is rolled back and the round declined
+    at once, as a divergence is: the round closes without the client, not at its deadline.
+    The failing client runs in this process, the coordinator and the others as processes."""
+    from structlog.testing import capture_logs
+
+    from mqttfl.bus.address import BrokerAddress
+    from mqttfl.config import load_config
+    from mqttfl.data.sources import run_client_shard
+    from mqttfl.nodes.client import ClientRunner
+
+    rounds = 2
+    overrides = ["method=fedavg", "federation.round_timeout_s=60", "federation.min_clients=2"]
+    with Federation(tmp_path, broker, clients=3, rounds=rounds, overrides=overrides) as fed:
+        fed.start_coordinator()
+        for cid in ("0", "1"):
+            fed.start_client(cid)
+        config = load_config(fed.config, fed.all_overrides)
+        shard = run_client_shard(config, "2")
+        address = BrokerAddress.parse(broker.url)
+        runner = ClientRunner(config, "2", address, shard, state_dir=fed.state_dir)
+
+        def failing(t: int, params: object, rng: object) -> float:
+            for parameter in runner.model.parameters():  # a step taken before it failed
+                parameter.grad = torch.ones_like(parameter)
+            runner.method.optimizer.step()
+            raise MemoryError("out of memory")
+
+        monkeypatch.setattr(runner.method, "train", failing)
+        with capture_logs() as logs:
+            code = await runner.run()
+        summary = await asyncio.to_thread(fed.finish, timeout=120)
+
+    assert code == 0
+    failed = [e for e in logs if e["event"] == "training.failed"]
+    assert [e["round"] for e in failed] == list(range(1, rounds + 1)), failed
+    assert all(e["error"] == "MemoryError: out of memory" for e in failed)
+    assert not [e for e in logs if e["event"] in ("upload.sent", "message.failed")]
+    for t in range(1, rounds + 1):
+        (closed,) = fed.closed_rounds()[t]
+        assert closed["missing"] == ["2"], closed
+        assert closed["uploads"] == 2
+        assert timestamp(closed) - max(map(timestamp, fed.started(t))) < 30  # not at 60 s
+    notices = fed.events(event="round.client_refused")
+    assert [(e["round"], e["client"]) for e in notices] == [(t, "2") for t in range(1, rounds + 1)]
+    assert {e["reason"] for e in notices} == {"cannot_train: training_failed"}
+    assert summary["rounds_completed"] == rounds
+    # rolled back each time: the step taken before the failure left no momentum behind
+    state = torch.load(fed.state_dir / RUN_ID / "client-2.pt", weights_only=True)
+    assert state["optimizer"]["state"] == {}
+    assert all(parameter.grad is None for parameter in runner.model.parameters())

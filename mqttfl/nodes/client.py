@@ -365,6 +365,13 @@ class ClientRunner:
             params = dict(start.params)
             loss = await self._off_loop(self.method.train, t, params, rng)
             body = await self._off_loop(self.method.make_upload, t)
+        except Exception as exc:  # out of memory, a bug: declined, so the round need not wait
+            StateFile.restore(before, self.model, self.method, self.progress)
+            self.model.zero_grad(set_to_none=True)
+            self.rounds.refused_round = t
+            log.warning("training.failed", error=f"{type(exc).__name__}: {exc}"[:300])
+            await self._decline(start, "training_failed")
+            return
         finally:
             self.rounds.training_round = 0
         try:  # refuse to publish anything the method does not permit

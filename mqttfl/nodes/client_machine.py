@@ -54,7 +54,7 @@ class ClientRounds:
     closed_round: int = 0  # the newest round known closed
     training_round: int = 0  # the round being trained now (0: none)
     newest_start: int = 0  # the newest start that selected us
-    refused_round: int = 0  # trained, but its upload failed the schema: not retrained
+    refused_round: int = 0  # its training failed, or its upload the schema: not retrained
     next_instance: str = ""  # the run's instance, when our state is of another one
     joined: str = ""  # the run instance we take part in, once the run named it
     finish_round: int = 0  # the last round of the finished run (0: not finished)
