@@ -318,6 +318,14 @@ class ClientRunner:
         topic = self.topics.ack(start.round, self.client_id)
         await self.bus.publish(topic, notice.encode(self.config.run_id), timeout=30)
 
+    async def _drop_round(self, start: RoundStart, before: Snapshot, reason: str) -> None:
+        """This round's update is dropped: the next round starts from the model, optimizer
+        and method state of ``before`` (no gradients kept), and goes on without us."""
+        StateFile.restore(before, self.model, self.method, self.progress)
+        self.model.zero_grad(set_to_none=True)
+        self.rounds.refused_round = start.round
+        await self._decline(start, reason)
+
     async def _upload_of(self, t: int) -> bytes | None:
         """Round t's upload made anew (restarted since: the model on disk is t's); with
         [privacy], the one released, as it was (None: not kept, never released twice)."""
@@ -366,29 +374,21 @@ class ClientRunner:
             loss = await self._off_loop(self.method.train, t, params, rng)
             body = await self._off_loop(self.method.make_upload, t)
         except Exception as exc:  # out of memory, a bug: declined, so the round need not wait
-            StateFile.restore(before, self.model, self.method, self.progress)
-            self.model.zero_grad(set_to_none=True)
-            self.rounds.refused_round = t
             log.warning("training.failed", error=f"{type(exc).__name__}: {exc}"[:300])
-            await self._decline(start, "training_failed")
+            await self._drop_round(start, before, "training_failed")
             return
         finally:
             self.rounds.training_round = 0
         try:  # refuse to publish anything the method does not permit
             self.schema.validate(body)
-        except WireError as exc:
-            # Diverged training (weights past the method's bound): this round's update is
-            # dropped, so the next round starts from the model, optimizer and method state
-            # it had, not from the diverged ones; the round goes on without this client.
-            StateFile.restore(before, self.model, self.method, self.progress)
-            self.rounds.refused_round = t
+        except WireError as exc:  # diverged training: weights past the method's bound
             log.warning(
                 "upload.refused",
                 reason=exc.reason,
                 detail=exc.detail,
                 train_loss=round(float(loss), 4),
             )
-            await self._decline(start, exc.reason[:64] or "refused")
+            await self._drop_round(start, before, exc.reason[:64] or "refused")
             return
         payload = encode(Message("upload", self.config.run_id, t, self.client_id, dict(body)))
         self.rounds.trained(t, len(payload))
